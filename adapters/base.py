@@ -1,0 +1,80 @@
+"""The one interface between the proxy and every engine.
+
+The proxy builds an `EngineRequest` and calls `Engine.complete` (one JSON body back) or
+`Engine.stream` (an async iterator of JSON chunk payloads, without SSE framing). The proxy
+never knows which engine it talks to; an adapter never knows about HTTP routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from adapters.schema import GenerationRequest, Operation, Usage
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One generation request as it crosses from the proxy into an adapter."""
+
+    operation: Operation
+    params: GenerationRequest
+    """The fields radixgate understands, decoded and validated."""
+    raw_body: bytes
+    """Exactly what the client sent; unknown fields reach OpenAI-compatible upstreams from here."""
+    request_id: str
+    tenant_id: str
+    cache_salt: str
+    """Set by the gateway from the tenant, never by the client; salts every cache key and tree."""
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
+    """W3C trace-context headers to propagate upstream (`traceparent`, `tracestate`)."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids of the (chat-templated) prompt when the gateway has tokenized it."""
+
+    @property
+    def model(self) -> str:
+        return self.params.model
+
+    @property
+    def stream(self) -> bool:
+        return self.params.stream
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole non-streaming answer: the OpenAI-shaped body and what the gateway reads from it."""
+
+    body: bytes
+    usage: Usage | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every adapter implements. One instance per worker (base URL or embedded engine)."""
+
+    provider_name: str
+    """`gen_ai.provider.name` for traces: "openai", "sglang", "vllm" or "radixgate.local"."""
+    server_address: str
+    server_port: int | None
+
+    async def complete(self, request: EngineRequest) -> Completion:
+        """Run a non-streaming request. Raises `adapters.errors.EngineError` on failure."""
+        ...
+
+    def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
+        """Yield each chunk's JSON payload (`{"id":..., "choices":[...]}`), without `data: ` framing
+        and without the final `[DONE]`. Errors before the first chunk raise from the first
+        `__anext__`; later ones raise mid-iteration. Closing the iterator cancels the work."""
+        ...
+
+    async def check_health(self) -> bool:
+        """True when the engine can serve a request now."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections, threads and memory."""
+        ...
