@@ -3,8 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-HOST ?= 127.0.0.1
-PORT ?= 8080
+# `make serve` takes optional HOST, PORT, UPSTREAM (an OpenAI-compatible URL), CONFIG (a TOML file)
+# and ARGS; unset ones fall back to the configuration (default 127.0.0.1:8080, embedded engine).
 
 .PHONY: venv serve test lint bench openapi clean
 
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/radixgate serve --host $(HOST) --port $(PORT) $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(ARGS)
+	$(BIN)/radixgate serve $(if $(CONFIG),--config $(CONFIG)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
+		$(if $(UPSTREAM),--upstream $(UPSTREAM)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -5,7 +5,8 @@
     ├── UpstreamUnreachable          502  connection refused, reset or dropped
     ├── EngineOverloaded             503  queue full, no healthy worker, circuit open
     ├── UpstreamStatusError          the engine's own 4xx is relayed; its 5xx becomes 502
-    └── InBandError                  an error event inside a stream (vLLM/SGLang `data: {"error":...}`)
+    ├── InBandError                  an error event inside a stream (vLLM/SGLang `data: {"error":...}`)
+    └── InvalidRequest               400  a request the engine cannot serve as given (sampling values, length)
 
 Adapters raise these before the first chunk (the proxy answers with the status) or while
 streaming (the proxy sends an error event and ends the stream).
@@ -76,3 +77,11 @@ class InBandError(EngineError):
     status = 502
     error_type = "upstream_error"
     code = "upstream_stream_error"
+
+
+class InvalidRequest(EngineError):
+    """The request cannot be served as given (bad sampling value, prompt too long); 400."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"

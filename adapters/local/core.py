@@ -1,0 +1,306 @@
+"""The engine thread: take requests, step the batch, sample, hand results back.
+
+One daemon thread owns the model, the KV pool, the prefix cache and the scheduler, so none of
+them needs a lock. The event loop talks to it through a small inbox (submit, cancel) guarded by
+a lock and an Event that wakes the thread; results go out through each job's `sink`, which the
+async side implements with `loop.call_soon_threadsafe`. New requests join between steps, and a
+cancelled job's sequences are dropped (pages released) before the next step runs.
+
+A failure inside a step fails every job in flight with an `EngineError` and resets the pool, so
+one bad batch cannot wedge the engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from adapters.errors import EngineError, EngineOverloaded
+from adapters.local.prefix_cache import PrefixCache
+from adapters.local.runner import ModelRunner, StepOutput
+from adapters.local.sampling import SamplerState
+from adapters.local.scheduler import ScheduledStep, Scheduler
+from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, Sequence, Status
+from adapters.local.text_stream import TextStream
+from adapters.local.tokenizer import TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+_STATS_INTERVAL_S = 0.1
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    """A snapshot of the engine's memory and cache, refreshed by the engine thread."""
+
+    page_size: int
+    pool_pages_total: int
+    pool_pages_free: int
+    active_pages: int
+    """Pages held by running sequences (the rest of the used pages only back the prefix cache)."""
+    cached_tokens: int
+    """Tokens whose KV the prefix cache keeps."""
+    cache_hit_tokens: int
+    """Prompt tokens served from the prefix cache since start."""
+    cache_query_tokens: int
+    """Prompt tokens looked up in the prefix cache since start."""
+    running: int
+    waiting: int
+    preemptions: int
+    """Sequences pushed back to the queue to free pages, since start."""
+    weight_bytes: int
+    kv_pool_bytes: int
+    """The pool's reserved size; resident memory grows only with the pages used."""
+    evicted_tokens: int
+    """Cached tokens evicted to make room or to respect `max_cached_tokens`, since start."""
+
+    @property
+    def pool_pages_used(self) -> int:
+        return self.pool_pages_total - self.pool_pages_free
+
+
+class EngineCore:
+    """Continuous-batching loop over one model. Public methods are safe from any thread."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache: PrefixCache,
+        scheduler: Scheduler,
+        tokenizer: TextTokenizer,
+        *,
+        max_queued: int,
+        max_context: int,
+        threads: int | None,
+    ) -> None:
+        self.runner = runner
+        self.cache = cache
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.max_queued = max_queued
+        self.max_context = max_context
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: deque[GenerationJob] = deque()
+        self._cancelled: set[int] = set()
+        self._flushes: list[concurrent.futures.Future[None]] = []
+        self._jobs: dict[int, list[Sequence]] = {}
+        self._queued = 0
+        self._stopping = False
+        self._stats = self._snapshot()
+        self._stats_at = 0.0
+        self._thread = threading.Thread(target=self._loop, name="radixgate-local-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread after its current step; jobs in flight are failed."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def submit(self, job: GenerationJob) -> None:
+        """Queue a job; raises EngineOverloaded when `max_queued` requests already wait."""
+        with self._lock:
+            if self._stopping:
+                raise EngineError("the local engine is shutting down")
+            if self._queued >= self.max_queued:
+                raise EngineOverloaded(
+                    f"the local engine is at capacity: {self._queued} requests already wait for a slot; "
+                    "retry shortly"
+                )
+            self._queued += 1
+            self._inbox.append(job)
+        self._wake.set()
+
+    def flush_cache(self) -> concurrent.futures.Future[None]:
+        """Drop every unlocked cached prefix before the next step; the future completes when done."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            self._flushes.append(done)
+        self._wake.set()
+        return done
+
+    def cancel(self, job_id: int) -> None:
+        """Drop a job (client gone); its pages are released before the next step."""
+        with self._lock:
+            self._cancelled.add(job_id)
+        self._wake.set()
+
+    # ---- engine thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+        while True:
+            self._wake.clear()
+            if not self._take_inbox():
+                break
+            if not self.scheduler.has_work():
+                self._publish_stats(force=True)
+                self._wake.wait()
+                continue
+            step = self.scheduler.schedule()
+            self._queued_update()
+            if not step.decodes and not step.prefills:
+                self._publish_stats(force=True)
+                self._wake.wait(0.05)  # nothing fits until something finishes or is cancelled
+                continue
+            try:
+                output = self.runner.run(step)
+                self._postprocess(step, output)
+            except Exception as exc:
+                logger.exception("local engine step failed")
+                self._fail_all(EngineError(f"the local engine failed: {exc}"))
+            self._publish_stats()
+        self._fail_all(EngineError("the local engine stopped"))
+
+    def _take_inbox(self) -> bool:
+        with self._lock:
+            jobs, self._inbox = list(self._inbox), deque()
+            cancelled, self._cancelled = self._cancelled, set()
+            flushes, self._flushes = self._flushes, []
+            stopping = self._stopping
+        for job in jobs:
+            self._enqueue(job)
+        for job_id in cancelled:
+            for seq in self._jobs.pop(job_id, []):
+                if seq.status is not Status.FINISHED:
+                    self.scheduler.finish(seq, keep_kv=False)
+        if flushes:
+            self.cache.clear()
+            self._publish_stats(force=True)
+            for done in flushes:
+                done.set_result(None)
+        self._queued_update()
+        return not stopping
+
+    def _enqueue(self, job: GenerationJob) -> None:
+        seqs: list[Sequence] = []
+        for group in job.groups:
+            leader: Sequence | None = None
+            for offset in range(group.n):
+                index = group.first_index + offset
+                sampler = SamplerState(job.params, self.runner.model.spec.vocab_size, group.prompt, index)
+                seq = Sequence(job, group.prompt, index, sampler, TextStream(self.tokenizer, job.params.stop))
+                seqs.append(seq)
+                if leader is None:
+                    leader = seq
+                    seq.reports_cache = True
+                    self.scheduler.add(seq)
+                else:
+                    leader.forks.append(seq)
+        self._jobs[job.job_id] = seqs
+
+    def _queued_update(self) -> None:
+        waiting_jobs = {s.job.job_id for s in self.scheduler.waiting}
+        with self._lock:
+            self._queued = len(self._inbox) + len(waiting_jobs)
+
+    def _postprocess(self, step: ScheduledStep, output: StepOutput) -> None:
+        for seq, _ in step.prefills:
+            self.scheduler.cache_progress(seq)
+        events: dict[int, list[JobEvent]] = {}
+        finished = False
+        argmax = output.logits.argmax(dim=-1).tolist()
+        for row, seq in enumerate(output.sampled):
+            group = [seq]
+            if seq.forks and seq.output_len == 0:
+                group += self.scheduler.fork(seq)
+            for member in group:
+                delta = self._sample(member, output.logits[row], argmax[row])
+                events.setdefault(member.job.job_id, []).append(delta)
+                finished = finished or delta.finish_reason is not None
+        # Publish first, so a client that sees its last token also sees the pages it freed.
+        self._publish_stats(force=finished)
+        for job_id, items in events.items():
+            seqs = self._jobs.get(job_id)
+            if seqs is None:
+                continue
+            seqs[0].job.sink(items)
+            if all(s.status is Status.FINISHED for s in seqs):
+                del self._jobs[job_id]
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor, argmax: int) -> ChoiceDelta:
+        params = seq.params
+        if params.plain_greedy:
+            token, logprob = argmax, None
+        else:
+            picked = seq.sampler.sample(logits)
+            token, logprob = picked.token_id, picked.logprob
+        seq.tokens.append(token)
+        seq.sampler.observe(token)
+        delta = ChoiceDelta(
+            index=seq.choice_index, token_id=token, logprobs=[logprob] if logprob is not None else []
+        )
+        reason: str | None = None
+        if token == self.tokenizer.eos_id or token in params.stop_token_ids:
+            reason = "stop"
+            delta.text = seq.text.finish()
+        else:
+            delta.text, stopped = seq.text.push(token)
+            if stopped:
+                reason = "stop"
+            elif seq.output_len >= params.max_tokens or len(seq.tokens) >= self.max_context:
+                reason = "length"
+                delta.text += seq.text.finish()
+        if reason is not None:
+            self.scheduler.finish(seq, keep_kv=True)
+            delta.finish_reason = reason
+            delta.completion_tokens = seq.output_len
+            delta.cached_tokens = seq.cached_tokens if seq.reports_cache else 0
+        return delta
+
+    def _fail_all(self, error: EngineError) -> None:
+        for seqs in list(self._jobs.values()):
+            for seq in seqs:
+                if seq.status is not Status.FINISHED:
+                    self.scheduler.finish(seq, keep_kv=False)
+            seqs[0].job.sink([JobFailed(error)])
+        self._jobs.clear()
+        with self._lock:
+            jobs, self._inbox = list(self._inbox), deque()
+        for job in jobs:
+            job.sink([JobFailed(error)])
+        self._queued_update()
+
+    def _publish_stats(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._stats_at >= _STATS_INTERVAL_S:
+            self._stats = self._snapshot()
+            self._stats_at = now
+
+    def _snapshot(self) -> EngineStats:
+        pool = self.runner.pool
+        return EngineStats(
+            page_size=pool.page_size,
+            pool_pages_total=pool.num_pages,
+            pool_pages_free=pool.free_pages,
+            active_pages=pool.num_pages - pool.free_pages - self.cache.cached_only_pages(),
+            cached_tokens=self.cache.cached_pages * pool.page_size,
+            cache_hit_tokens=self.cache.hit_tokens,
+            cache_query_tokens=self.cache.queried_tokens,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.preemptions,
+            weight_bytes=self.runner.model.weight_bytes,
+            kv_pool_bytes=pool.nbytes,
+            evicted_tokens=self.cache.evicted_pages * pool.page_size,
+        )

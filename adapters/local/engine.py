@@ -1,0 +1,298 @@
+"""`LocalEngine`: the embedded CPU engine behind the `Engine` protocol.
+
+The async side is thin: it turns a request into token ids and sampling settings (`prepare`),
+hands a `GenerationJob` to the engine thread (`EngineCore`), and reads the job's events from an
+asyncio queue that the engine thread fills with `loop.call_soon_threadsafe`. Closing a stream
+early cancels the job, which releases its KV pages before the engine's next step.
+
+Weights load in a worker thread (`start`), so the event loop keeps serving while they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+
+from adapters.base import Completion, EngineRequest
+from adapters.errors import EngineError, InvalidRequest
+from adapters.local.chat_template import ChatTemplate
+from adapters.local.config import LocalEngineConfig
+from adapters.local.core import EngineCore, EngineStats
+from adapters.local.kv_pool import KVPool
+from adapters.local.loader import LoadedModel, load_model
+from adapters.local.openai_format import ResponseWriter
+from adapters.local.prefix_cache import PrefixCache
+from adapters.local.prepare import EngineLimits, PreparedRequest, prepare
+from adapters.local.runner import ModelRunner
+from adapters.local.sampling import SamplingParams
+from adapters.local.scheduler import Scheduler
+from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
+from adapters.local.tokenizer import TextTokenizer
+from adapters.schema import GenerationRequest
+
+
+@dataclass(slots=True)
+class Generation:
+    """The result of `LocalEngine.generate`."""
+
+    token_ids: list[int] = field(default_factory=list)
+    """Generated tokens, including a final EOS or stop token."""
+    text: str = ""
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
+@dataclass(slots=True)
+class _Loaded:
+    core: EngineCore
+    tokenizer: TextTokenizer
+    template: ChatTemplate
+    limits: EngineLimits
+
+
+class LocalEngine:
+    """A Llama-family GGUF served from this process, with radix prefix reuse and continuous batching."""
+
+    provider_name = "radixgate.local"
+    server_address = "local"
+    server_port: int | None = None
+
+    def __init__(self, config: LocalEngineConfig, model: LoadedModel | None = None) -> None:
+        """`model`: weights already loaded (shared between engines); None loads them in `start`."""
+        config.validate()
+        self.config = config
+        self._model = model
+        self.model_id = config.model_id
+        self._loaded: _Loaded | None = None
+        self._load_lock = threading.Lock()
+        self._loading: concurrent.futures.Future[_Loaded] | None = None
+        self._job_ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Load weights and start the engine thread, off the event loop. Idempotent; a caller that
+        gives up (a health check's timeout) does not stop the load, the next caller joins it."""
+        if self._loaded is None:
+            self._loaded = await asyncio.shield(asyncio.wrap_future(self._begin_load()))
+
+    def start_sync(self) -> None:
+        """Blocking `start`, for scripts and benchmarks without an event loop."""
+        if self._loaded is None:
+            self._loaded = self._begin_load().result()
+
+    def _begin_load(self) -> concurrent.futures.Future[_Loaded]:
+        with self._load_lock:
+            if self._loading is None:
+                future: concurrent.futures.Future[_Loaded] = concurrent.futures.Future()
+
+                def load() -> None:
+                    try:
+                        future.set_result(self._load())
+                    except BaseException as exc:  # the waiter re-raises it
+                        future.set_exception(exc)
+
+                threading.Thread(target=load, name="radixgate-local-load", daemon=True).start()
+                self._loading = future
+            return self._loading
+
+    def _load(self) -> _Loaded:
+        cfg = self.config
+        if self._model is None:
+            self._model = load_model(cfg)
+        loaded = self._model
+        spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        num_pages = cfg.kv_budget_tokens // cfg.page_size
+        pool = KVPool(spec, num_pages, cfg.page_size, model.dtype)
+        cache = PrefixCache(
+            pool, enabled=cfg.radix_cache, max_cached_tokens=cfg.max_cached_tokens, policy=cfg.eviction_policy
+        )
+        scheduler = Scheduler(
+            pool,
+            cache,
+            max_running=cfg.max_running,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            max_idle_prefill_tokens=cfg.max_idle_prefill_tokens,
+        )
+        max_context = min(cfg.max_context or spec.context_length, spec.context_length)
+        core = EngineCore(
+            ModelRunner(model, pool),
+            cache,
+            scheduler,
+            tokenizer,
+            max_queued=cfg.max_queued,
+            max_context=max_context,
+            threads=cfg.threads,
+        )
+        core.start()
+        limits = EngineLimits(
+            vocab_size=spec.vocab_size,
+            max_context=max_context,
+            pool_tokens=num_pages * cfg.page_size,
+            page_size=cfg.page_size,
+            max_n=cfg.max_running,
+        )
+        return _Loaded(core=core, tokenizer=tokenizer, template=loaded.template, limits=limits)
+
+    def stats(self) -> EngineStats | None:
+        """Pool, cache and queue figures; None before `start`."""
+        return self._loaded.core.stats() if self._loaded is not None else None
+
+    def encode_prompt(self, params: GenerationRequest) -> list[list[int]]:
+        """The token ids this engine would run for each prompt of `params` (for routing)."""
+        loaded = self._require()
+        return [g.prompt for g in prepare(params, loaded.tokenizer, loaded.template, loaded.limits).groups]
+
+    async def generate_stream(
+        self, prompt: list[int], params: SamplingParams, *, n: int = 1, salt: str = ""
+    ) -> AsyncIterator[list[ChoiceDelta]]:
+        """Token-level generation (no OpenAI framing): each engine step's deltas, for tools and
+        benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work."""
+        await self.start()
+        loaded = self._require()
+        if not prompt or len(prompt) + params.max_tokens > loaded.limits.max_context:
+            raise InvalidRequest("the prompt plus max_tokens must fit the model's context", param="prompt")
+        if not 1 <= n <= loaded.limits.max_n:
+            raise InvalidRequest(f"n must be between 1 and {loaded.limits.max_n}", param="n")
+        group = PromptGroup(prompt=prompt, first_index=0, n=n)
+        prepared = PreparedRequest(groups=[group], params=params, prompt_tokens=len(prompt), echo=None)
+        job_id, queue = self._submit(prepared, salt)
+        open_choices = n
+        try:
+            while open_choices:
+                deltas = _raise_failure(await queue.get())
+                open_choices -= sum(d.finish_reason is not None for d in deltas)
+                yield deltas
+        finally:
+            if open_choices:
+                loaded.core.cancel(job_id)
+
+    async def generate(self, prompt: list[int], params: SamplingParams, *, salt: str = "") -> Generation:
+        """One choice to the end, as token ids and text."""
+        result = Generation()
+        async for deltas in self.generate_stream(prompt, params, salt=salt):
+            for delta in deltas:
+                result.token_ids.append(delta.token_id)
+                result.text += delta.text
+                if delta.finish_reason is not None:
+                    result.finish_reason = delta.finish_reason
+                    result.cached_tokens = delta.cached_tokens
+        return result
+
+    async def complete(self, request: EngineRequest) -> Completion:
+        """Run a request to the end and return the OpenAI body."""
+        await self.start()
+        prepared, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt)
+        try:
+            while not writer.done:
+                writer.add(_raise_failure(await queue.get()))
+        finally:
+            if not writer.done:
+                self._require().core.cancel(job_id)
+        return Completion(
+            body=writer.body(),
+            usage=writer.usage(),
+            response_id=writer.id,
+            response_model=self.model_id,
+            finish_reasons=writer.finish_reasons,
+        )
+
+    async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
+        """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
+        await self.start()
+        prepared, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt)
+        try:
+            for chunk in writer.opening_chunks():
+                yield chunk
+            while not writer.done:
+                for chunk in writer.stream_chunks(_raise_failure(await queue.get())):
+                    yield chunk
+            if writer.include_usage:
+                yield writer.usage_chunk()
+        finally:
+            if not writer.done:
+                self._require().core.cancel(job_id)
+
+    async def check_health(self) -> bool:
+        """Healthy once loaded and its thread runs; the first check starts the load."""
+        await self.start()
+        return self._loaded is not None and self._loaded.core.alive
+
+    async def flush_cache(self) -> bool:
+        """Drop every cached prefix no running request holds."""
+        await self.start()
+        await asyncio.wrap_future(self._require().core.flush_cache())
+        return True
+
+    async def aclose(self) -> None:
+        """Stop the engine thread (after a load in progress finishes) and drop the model."""
+        loading, self._loading, self._loaded = self._loading, None, None
+        if loading is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread((await asyncio.wrap_future(loading)).core.stop)
+
+    def close_sync(self) -> None:
+        """Blocking `aclose`, for scripts and benchmarks without an event loop."""
+        loading, self._loading, self._loaded = self._loading, None, None
+        if loading is not None:
+            with contextlib.suppress(Exception):
+                loading.result().core.stop()
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _require(self) -> _Loaded:
+        if self._loaded is None:
+            raise EngineError("the local engine is not started")
+        return self._loaded
+
+    def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
+        loaded = self._require()
+        params = request.params
+        prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
+        options = params.stream_options
+        writer = ResponseWriter(
+            operation=request.operation,
+            model_id=self.model_id,
+            choices=sum(g.n for g in prepared.groups),
+            prompt_tokens=prepared.prompt_tokens,
+            tokenizer=loaded.tokenizer,
+            include_usage=bool(params.stream and options is not None and options.include_usage),
+            logprobs=prepared.params.logprobs,
+            echo=prepared.echo,
+            n=params.n,
+        )
+        return prepared, writer
+
+    def _submit(self, prepared: PreparedRequest, salt: str) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
+
+        def sink(events: list[JobEvent]) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+                loop.call_soon_threadsafe(queue.put_nowait, events)
+
+        job_id = next(self._job_ids)
+        job = GenerationJob(
+            job_id=job_id, groups=prepared.groups, params=prepared.params, salt=salt, sink=sink
+        )
+        self._require().core.submit(job)
+        return job_id, queue
+
+
+def _raise_failure(events: list[JobEvent]) -> list[ChoiceDelta]:
+    deltas: list[ChoiceDelta] = []
+    for event in events:
+        if isinstance(event, JobFailed):
+            raise event.error
+        deltas.append(event)
+    return deltas

@@ -1,0 +1,215 @@
+"""Read a Llama-family GGUF file: hyperparameters, vocabulary and dequantized weights.
+
+Decisions:
+- Only `general.architecture == "llama"` (Llama 1-3 shapes, SmolLM, TinyLlama, Mistral-as-llama)
+  without rope scaling; anything else is refused with `UnsupportedModelError` naming what.
+- Quantized tensors are dequantized with `gguf.quants.dequantize` to fp32; the types accepted are
+  listed in `SUPPORTED_QUANT_TYPES` so an unknown one fails before any work is done.
+- llama.cpp's converter permutes the rows of Q and K so that rotary pairs are interleaved
+  (`(2i, 2i+1)`); we undo it here, giving Hugging Face's "rotate half" layout, which is what
+  `transformers` does when it loads a GGUF (checked by the parity tests).
+- Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_QUANT_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+_SUPPORTED_NAMES = ", ".join(sorted(t.name for t in SUPPORTED_QUANT_TYPES))
+_LAYER_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+
+
+class UnsupportedModelError(ValueError):
+    """The file is not a GGUF this engine can run (missing, wrong architecture or quantization)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    """The hyperparameters of a Llama-family model."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_theta: float
+    rms_norm_eps: float
+    tied_embeddings: bool
+
+
+@dataclass(slots=True, frozen=True)
+class VocabSpec:
+    """The tokenizer as the GGUF describes it (`tokenizer.ggml.*`)."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    chat_template: str | None
+
+
+@dataclass(slots=True)
+class GGUFContents:
+    """Everything read from one GGUF file, weights already in our fused fp32 layout."""
+
+    spec: ModelSpec
+    vocab: VocabSpec
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def read_gguf(path: Path) -> GGUFContents:
+    """Read and convert a GGUF file. Raises UnsupportedModelError with the reason."""
+    if not path.is_file():
+        raise UnsupportedModelError(f"model file not found: {path}")
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from exc
+    arch = str(_field(reader, "general.architecture"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path.name}: architecture {arch!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise UnsupportedModelError(f"{path.name}: rope scaling {scaling!r} is not supported")
+    raw = {t.name: t for t in reader.tensors}
+    for tensor in raw.values():
+        if tensor.tensor_type not in SUPPORTED_QUANT_TYPES:
+            raise UnsupportedModelError(
+                f"{path.name}: tensor {tensor.name} uses quantization {tensor.tensor_type.name}, "
+                f"which is not supported (supported: {_SUPPORTED_NAMES})"
+            )
+    spec = _model_spec(reader, arch, tied="output.weight" not in raw)
+    return GGUFContents(spec=spec, vocab=_vocab_spec(reader), tensors=_convert_tensors(raw, spec))
+
+
+def _field(reader: GGUFReader, key: str, default: object = ...) -> object:
+    entry = reader.fields.get(key)
+    if entry is None:
+        if default is ...:
+            raise UnsupportedModelError(f"GGUF metadata lacks {key!r}")
+        return default
+    return entry.contents()
+
+
+def _int(reader: GGUFReader, key: str, default: object = ...) -> int:
+    value = _field(reader, key, default)
+    assert isinstance(value, int)
+    return value
+
+
+def _model_spec(reader: GGUFReader, arch: str, *, tied: bool) -> ModelSpec:
+    hidden = _int(reader, f"{arch}.embedding_length")
+    heads = _int(reader, f"{arch}.attention.head_count")
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    return ModelSpec(
+        num_layers=_int(reader, f"{arch}.block_count"),
+        hidden_size=hidden,
+        intermediate_size=_int(reader, f"{arch}.feed_forward_length"),
+        num_heads=heads,
+        num_kv_heads=_int(reader, f"{arch}.attention.head_count_kv", heads),
+        head_dim=_int(reader, f"{arch}.attention.key_length", hidden // heads),
+        vocab_size=_int(reader, f"{arch}.vocab_size", len(tokens)),
+        context_length=_int(reader, f"{arch}.context_length"),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),  # type: ignore[arg-type]
+        tied_embeddings=tied,
+    )
+
+
+def _vocab_spec(reader: GGUFReader) -> VocabSpec:
+    def optional_int(key: str) -> int | None:
+        value = _field(reader, key, None)
+        return value if isinstance(value, int) else None
+
+    template = _field(reader, "tokenizer.chat_template", None)
+    return VocabSpec(
+        model=str(_field(reader, "tokenizer.ggml.model")),
+        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
+        tokens=list(reader.fields["tokenizer.ggml.tokens"].contents()),
+        token_types=list(_field(reader, "tokenizer.ggml.token_type", [])),  # type: ignore[call-overload]
+        merges=list(_field(reader, "tokenizer.ggml.merges", [])),  # type: ignore[call-overload]
+        bos_id=optional_int("tokenizer.ggml.bos_token_id"),
+        eos_id=optional_int("tokenizer.ggml.eos_token_id"),
+        unk_id=optional_int("tokenizer.ggml.unknown_token_id"),
+        pad_id=optional_int("tokenizer.ggml.padding_token_id"),
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        chat_template=template if isinstance(template, str) else None,
+    )
+
+
+def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    def load(name: str) -> torch.Tensor:
+        tensor = raw.get(name)
+        if tensor is None:
+            raise UnsupportedModelError(f"GGUF lacks tensor {name!r}")
+        values = dequantize(tensor.data, tensor.tensor_type)
+        shape = tuple(reversed([int(d) for d in tensor.shape]))
+        return torch.from_numpy(values.astype(np.float32, copy=True).reshape(shape))
+
+    out = {"embed": load("token_embd.weight"), "norm": load("output_norm.weight")}
+    if not spec.tied_embeddings:
+        out["lm_head"] = load("output.weight")
+    for i in range(spec.num_layers):
+        t = {name: load(f"blk.{i}.{name}.weight") for name in _LAYER_TENSORS}
+        q = _unpermute_rotary(t["attn_q"], spec.num_heads)
+        k = _unpermute_rotary(t["attn_k"], spec.num_kv_heads)
+        out[f"layers.{i}.attn_norm"] = t["attn_norm"]
+        out[f"layers.{i}.wqkv"] = torch.cat([q, k, t["attn_v"]], dim=0)
+        out[f"layers.{i}.wo"] = t["attn_output"]
+        out[f"layers.{i}.ffn_norm"] = t["ffn_norm"]
+        out[f"layers.{i}.w_gate_up"] = torch.cat([t["ffn_gate"], t["ffn_up"]], dim=0)
+        out[f"layers.{i}.w_down"] = t["ffn_down"]
+    return out
+
+
+def _unpermute_rotary(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's row permutation of Q/K (interleaved pairs -> rotate-half halves)."""
+    rows, cols = weight.shape
+    half = rows // heads // 2
+    return weight.reshape(heads, half, 2, cols).transpose(1, 2).reshape(rows, cols).contiguous()

@@ -1,0 +1,101 @@
+"""The paged KV pool: fixed-size pages of keys and values, handed out by index, ref-counted.
+
+A page holds `page_size` token slots for every layer. Page ids are what sequences keep in their
+page tables and what the radix cache stores as values; the scheduler never touches tensors.
+
+A page's reference count says who holds it: each running sequence whose page table lists it,
+plus the radix cache when a finished prefix lives there. It returns to the free list when the
+count drops to zero, so a sequence ending and the cache evicting may happen in either order.
+
+Memory is allocated once but touched only as pages are used: the free list is a stack, so a
+lightly loaded engine keeps reusing the same hot pages and its RSS stays small. A page is zeroed
+the first time it is handed out, because attention reads whole pages and masked slots must hold
+finite numbers (0 * NaN would poison the softmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adapters.local.gguf_convert import ModelSpec
+
+
+@dataclass(slots=True, frozen=True)
+class PoolUsage:
+    """Page accounting at one moment."""
+
+    total_pages: int
+    free_pages: int
+    page_size: int
+
+    @property
+    def used_pages(self) -> int:
+        return self.total_pages - self.free_pages
+
+
+class KVPool:
+    """Keys and values for every layer, `[layers, pages, page_size, kv_heads, head_dim]` each."""
+
+    def __init__(self, spec: ModelSpec, num_pages: int, page_size: int, dtype: torch.dtype) -> None:
+        shape = (spec.num_layers, num_pages, page_size, spec.num_kv_heads, spec.head_dim)
+        self.k = torch.empty(shape, dtype=dtype)
+        self.v = torch.empty(shape, dtype=dtype)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self._free = list(range(num_pages - 1, -1, -1))  # a stack: low, hot page ids come out first
+        self._refs = [0] * num_pages
+        self._zeroed = [False] * num_pages
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for keys and values (touched only as pages are used)."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def usage(self) -> PoolUsage:
+        """Pages in use and free."""
+        return PoolUsage(total_pages=self.num_pages, free_pages=len(self._free), page_size=self.page_size)
+
+    def refcount(self, page: int) -> int:
+        """Holders of `page` (0 when free)."""
+        return self._refs[page]
+
+    def alloc(self, count: int) -> list[int] | None:
+        """`count` fresh pages, each with one reference; None (and nothing taken) if too few are free."""
+        if count > len(self._free):
+            return None
+        pages = [self._free.pop() for _ in range(count)]
+        for page in pages:
+            self._refs[page] = 1
+            if not self._zeroed[page]:
+                self.k[:, page].zero_()
+                self.v[:, page].zero_()
+                self._zeroed[page] = True
+        return pages
+
+    def retain(self, pages: list[int]) -> None:
+        """Add one reference to each page (a second holder of the same KV)."""
+        for page in pages:
+            if self._refs[page] <= 0:
+                raise ValueError(f"retain of free page {page}")
+            self._refs[page] += 1
+
+    def release(self, pages: list[int]) -> None:
+        """Drop one reference from each page; pages nobody holds go back to the free list."""
+        for page in pages:
+            refs = self._refs[page] - 1
+            if refs < 0:
+                raise ValueError(f"release of free page {page}")
+            self._refs[page] = refs
+            if refs == 0:
+                self._free.append(page)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy one page's KV in every layer (copy-on-write of a shared partial page)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        self.v[:, dst].copy_(self.v[:, src])

@@ -1,0 +1,149 @@
+"""Our Llama forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU) over the paged KV pool.
+
+One call runs one scheduler step: every sequence's new tokens are packed into a single
+`[tokens, hidden]` matrix, so the linear layers (nearly all the FLOPs) run once per step for the
+whole batch. Only attention depends on each sequence's pages (see `attention`): decode rows
+attend per run of pages, shared runs once for all their rows; a prefill chunk attends over its
+prefix runs and, causally, itself. New K/V is written into the pool before attention reads it.
+
+Logits are computed only for the rows the sampler reads (`logit_rows`), which saves the
+`[tokens, vocab]` head matmul that a plain forward over a prompt computes.
+
+Numerics follow `transformers`' Llama: RoPE tables in fp32 from `inv_freq`, "rotate half"
+(as a roll against a sign-folded sine table), RMSNorm in fp32. Weights come from gguf_convert
+in the fused layout (wqkv, w_gate_up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from adapters.local.attention import DecodePlan, PageRun, decode_attention, prefill_attention
+from adapters.local.gguf_convert import ModelSpec
+from adapters.local.kv_pool import KVPool
+
+
+@dataclass(slots=True)
+class PrefillSegment:
+    """One sequence's chunk of prompt tokens inside a packed batch."""
+
+    start: int
+    """First row of the chunk in the packed batch."""
+    length: int
+    """New tokens in this chunk."""
+    prefix: list[PageRun] = field(default_factory=list)
+    """Where the context before the chunk (cached prefix and earlier chunks) lives."""
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """Everything one forward step needs; built by the runner from scheduled sequences."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    """Flat KV slot (`page * page_size + offset`) each new token's K/V is written to."""
+    logit_rows: torch.Tensor
+    """Rows whose next-token logits are wanted, in the order the sampler reads them."""
+    decode: DecodePlan | None = None
+    """How rows `0..decode.count-1`, one token per decoding sequence, attend."""
+    prefills: list[PrefillSegment] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w_gate_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+class LlamaModel:
+    """Stateless forward over weights held as plain tensors; state lives in the KV pool."""
+
+    def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.spec = spec
+        self.dtype = dtype
+
+        def get(name: str) -> torch.Tensor:
+            return tensors[name].to(dtype).contiguous()
+
+        self.embed = get("embed")
+        self.norm = get("norm")
+        self.lm_head = get("lm_head") if "lm_head" in tensors else self.embed
+        self.layers = [
+            _Layer(
+                attn_norm=get(f"layers.{i}.attn_norm"),
+                wqkv=get(f"layers.{i}.wqkv"),
+                wo=get(f"layers.{i}.wo"),
+                ffn_norm=get(f"layers.{i}.ffn_norm"),
+                w_gate_up=get(f"layers.{i}.w_gate_up"),
+                w_down=get(f"layers.{i}.w_down"),
+            )
+            for i in range(spec.num_layers)
+        ]
+        distinct = {id(t): t for t in (self.embed, self.norm, self.lm_head)}
+        for layer in self.layers:
+            for t in (layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down):
+                distinct[id(t)] = t
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in distinct.values())
+        """Bytes of all weights (a tied head counted once)."""
+        half = spec.head_dim // 2
+        inv_freq = 1.0 / (
+            spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.int64).float() / spec.head_dim)
+        )
+        angles = torch.arange(spec.context_length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        table = torch.cat([angles, angles], dim=-1)
+        self._cos = table.cos().to(dtype)
+        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one roll instead of slice/neg/cat.
+        sin = table.sin()
+        self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dtype)
+        self._half = half
+
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Run one step, write the new tokens' K/V into the pool, return fp32 logits `[rows, vocab]`."""
+        spec = self.spec
+        n_q, n_kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        x = F.embedding(batch.token_ids, self.embed)
+        cos = self._cos[batch.positions].unsqueeze(1)
+        sin = self._sin_signed[batch.positions].unsqueeze(1)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (spec.hidden_size,), layer.attn_norm, spec.rms_norm_eps)
+            qkv = F.linear(h, layer.wqkv)
+            qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
+            qk = qk * cos + qk.roll(self._half, dims=-1) * sin
+            q, k = qk[:, :n_q], qk[:, n_q:]
+            v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
+            k_pages, v_pages = pool.k[index], pool.v[index]
+            k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
+            v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
+            attn = self._attention(batch, q, k, v, k_pages, v_pages)
+            x = x + F.linear(attn, layer.wo)
+            h = F.rms_norm(x, (spec.hidden_size,), layer.ffn_norm, spec.rms_norm_eps)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        last = F.rms_norm(x[batch.logit_rows], (spec.hidden_size,), self.norm, spec.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()
+
+    def _attention(
+        self,
+        batch: ForwardBatch,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+    ) -> torch.Tensor:
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
+        plan = batch.decode
+        if plan is not None:
+            out[: plan.count] = decode_attention(q[: plan.count], k_pages, v_pages, plan)
+        for seg in batch.prefills:
+            rows = slice(seg.start, seg.start + seg.length)
+            out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_pages, v_pages, seg.prefix)
+        return out

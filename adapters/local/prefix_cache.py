@@ -1,0 +1,138 @@
+"""RadixAttention for the embedded engine: a `cachelayer.radix.RadixTree` whose values are KV pages.
+
+- Match on admission: the longest cached run of whole pages is reused; the sequence takes a
+  reference on those pages and locks the deepest matched node so eviction cannot take them.
+- Insert as KV appears (after each prefill chunk and when a sequence finishes): the tree takes a
+  reference on each page it adopts; pages it already had (computed twice by concurrent
+  requests) stay with the sequence and are freed when it releases them.
+- Evict leaf-first (LRU or FIFO) when the pool is short of pages, or to keep the cache under
+  `max_cached_tokens`; evicted pages lose the tree's reference.
+
+Tenant isolation: the gateway's `cache_salt` becomes one leading page of pseudo tokens (ids at or
+above 2**31, never real vocabulary), so tenants share one tree, one eviction order and one
+memory budget, yet can never match each other's prefixes. That page stores `NO_PAGE`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+
+from adapters.local.kv_pool import KVPool
+from cachelayer.radix import RadixNode, RadixTree
+
+NO_PAGE = -1
+"""Value of a salt page: it has no KV behind it."""
+SALT_TOKEN_BASE = 1 << 31
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixHit:
+    """A reused prefix: its length in tokens, its pages (one reference taken) and the locked node."""
+
+    tokens: int
+    pages: list[int]
+    node: RadixNode[int]
+
+
+class PrefixCache:
+    """Owns the radix tree's references into the KV pool. Engine thread only."""
+
+    def __init__(self, pool: KVPool, *, enabled: bool, max_cached_tokens: int | None, policy: str) -> None:
+        self.pool = pool
+        self.enabled = enabled
+        self.page_size = pool.page_size
+        self.max_cached_tokens = max_cached_tokens
+        self._tree: RadixTree[int] = RadixTree(page_size=pool.page_size, policy=policy)
+        self._salts: dict[str, list[int]] = {}
+        self._pages: set[int] = set()
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+        self.evicted_pages = 0
+
+    @property
+    def root(self) -> RadixNode[int]:
+        return self._tree.root
+
+    def match(self, salt: str, tokens: list[int]) -> PrefixHit:
+        """Reuse the longest cached whole-page prefix of `tokens` (retain its pages, lock its node)."""
+        if not self.enabled:
+            return PrefixHit(tokens=0, pages=[], node=self._tree.root)
+        head = self._salt_tokens(salt)
+        found = self._tree.match_prefix(head + tokens)
+        pages = [p for p in found.values if p != NO_PAGE]
+        matched = max(found.length - len(head), 0)
+        self._tree.lock(found.node)
+        self.pool.retain(pages)
+        return PrefixHit(tokens=matched, pages=pages, node=found.node)
+
+    def record(self, queried: int, hit: int) -> None:
+        """Count one admitted prompt's lookup for the hit-rate figures."""
+        self.queried_tokens += queried
+        self.hit_tokens += hit
+
+    def insert(self, salt: str, tokens: list[int], pages: list[int]) -> RadixNode[int]:
+        """Cache the whole pages of `tokens` (K/V in `pages`); return the node to lock for them."""
+        if not self.enabled:
+            return self._tree.root
+        head = self._salt_tokens(salt)
+        whole = len(tokens) - len(tokens) % self.page_size
+        key = head + tokens[:whole]
+        values = [NO_PAGE] * (len(head) // self.page_size) + pages[: whole // self.page_size]
+        present = self._tree.insert(key, values) // self.page_size
+        adopted = [p for p in values[present:] if p != NO_PAGE]
+        self.pool.retain(adopted)
+        self._pages.update(adopted)
+        return self._tree.match_prefix(key).node
+
+    def lock(self, node: RadixNode[int]) -> None:
+        self._tree.lock(node)
+
+    def unlock(self, node: RadixNode[int]) -> None:
+        self._tree.unlock(node)
+
+    def evict(self, pages: int) -> int:
+        """Drop at least `pages` cached pages if unlocked ones exist; return pages actually evicted."""
+        if pages <= 0 or not self.enabled:
+            return 0
+        freed = [p for p in self._tree.evict(pages * self.page_size) if p != NO_PAGE]
+        self.pool.release(freed)
+        self._pages.difference_update(freed)
+        self.evicted_pages += len(freed)
+        return len(freed)
+
+    def clear(self) -> None:
+        """Drop every cached prefix no running sequence has locked."""
+        freed = [p for p in self._tree.clear() if p != NO_PAGE]
+        self.pool.release(freed)
+        self._pages.difference_update(freed)
+
+    def enforce_cap(self) -> None:
+        """Evict until the cache holds at most `max_cached_tokens` (locked pages excepted)."""
+        if self.max_cached_tokens is None:
+            return
+        while self.cached_pages * self.page_size > self.max_cached_tokens:
+            excess = self.cached_pages - self.max_cached_tokens // self.page_size
+            if self.evict(excess) == 0:
+                return
+
+    @property
+    def cached_pages(self) -> int:
+        """Pages the tree holds a reference on."""
+        return len(self._pages)
+
+    def cached_only_pages(self) -> int:
+        """Cached pages no running sequence holds (what eviction could free right now)."""
+        return sum(1 for page in self._pages if self.pool.refcount(page) == 1)
+
+    def _salt_tokens(self, salt: str) -> list[int]:
+        if not salt:
+            return []
+        tokens = self._salts.get(salt)
+        if tokens is None:
+            digest = hashlib.shake_128(salt.encode("utf-8")).digest(4 * self.page_size)
+            words = array("I", digest)
+            tokens = [SALT_TOKEN_BASE | (w & (SALT_TOKEN_BASE - 1)) for w in words]
+            self._salts[salt] = tokens
+        return tokens

@@ -1,0 +1,157 @@
+"""Turn one row of logits into the next token: penalties, bias, temperature, top-k/p, min-p.
+
+Order (as vLLM applies them): logit bias, repetition penalty (prompt and output tokens, the
+`transformers` rule: divide positive logits, multiply negative ones), frequency and presence
+penalties (output tokens only, OpenAI's formula), then greedy argmax when temperature is 0, or
+temperature, top-k, top-p, min-p and a draw from the sequence's own `torch.Generator`.
+
+Every sequence owns its generator, seeded from the request's `seed` (plus the choice index, so
+n>1 choices differ), which makes a seeded request repeatable whatever else shares the batch.
+
+Logprobs are those of the model's own distribution (log-softmax of the raw logits, before
+penalties, temperature and truncation), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+GREEDY_EPSILON = 1e-5
+"""Temperatures below this sample greedily (argmax), as vLLM does."""
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """Validated sampling settings of one request (shared by its n choices)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPSILON
+
+    @property
+    def needs_history(self) -> bool:
+        """True when sampling reads the tokens seen so far (any penalty is on)."""
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that alters or reports the distribution: a batched argmax suffices."""
+        return self.greedy and not self.needs_history and not self.logit_bias and not self.logprobs
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+class SamplerState:
+    """Per-sequence sampling state: the generator and the token history penalties read."""
+
+    __slots__ = ("counts", "generator", "params", "prompt_mask")
+
+    def __init__(self, params: SamplingParams, vocab_size: int, prompt: list[int], choice_index: int) -> None:
+        self.params = params
+        seed = params.seed + choice_index if params.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+        self.counts: torch.Tensor | None = None
+        self.prompt_mask: torch.Tensor | None = None
+        if params.needs_history:
+            self.counts = torch.zeros(vocab_size, dtype=torch.float32)
+            self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
+            if prompt:
+                self.prompt_mask[torch.tensor(prompt, dtype=torch.long)] = True
+
+    def observe(self, token_id: int) -> None:
+        """Record a generated token for the penalties."""
+        if self.counts is not None:
+            self.counts[token_id] += 1.0
+
+    def sample(self, logits: torch.Tensor) -> SampledToken:
+        """Pick the next token from one fp32 logits row `[vocab]`."""
+        params = self.params
+        report = _logprobs(logits, params.top_logprobs) if params.logprobs else None
+        scores = self._adjusted(logits)
+        token = int(torch.argmax(scores)) if params.greedy else self._draw(scores)
+        return SampledToken(token_id=token, logprob=report(token) if report is not None else None)
+
+    def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        params = self.params
+        if not params.logit_bias and self.counts is None:
+            return logits
+        scores = logits.clone()
+        for token, bias in params.logit_bias:
+            scores[token] += bias
+        if self.counts is not None and self.prompt_mask is not None:
+            seen = self.counts > 0
+            if params.repetition_penalty != 1.0:
+                hit = seen | self.prompt_mask
+                penalized = torch.where(
+                    scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty
+                )
+                scores = torch.where(hit, penalized, scores)
+            scores -= params.frequency_penalty * self.counts + params.presence_penalty * seen.float()
+        return scores
+
+    def _draw(self, scores: torch.Tensor) -> int:
+        params = self.params
+        scores = scores / params.temperature
+        if 0 < params.top_k < scores.shape[0]:
+            kth = torch.topk(scores, params.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if params.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            sorted_probs = torch.softmax(ordered, dim=-1)
+            drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p  # keep the token crossing p
+            scores = scores.scatter(0, order[drop], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if params.min_p > 0.0:
+            probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _logprobs(logits: torch.Tensor, top: int) -> _LogprobReport:
+    return _LogprobReport(torch.log_softmax(logits, dim=-1), top)
+
+
+class _LogprobReport:
+    __slots__ = ("_logprobs", "_top")
+
+    def __init__(self, logprobs: torch.Tensor, top: int) -> None:
+        self._logprobs = logprobs
+        self._top = top
+
+    def __call__(self, token: int) -> TokenLogprob:
+        alternatives: list[tuple[int, float]] = []
+        if self._top > 0:
+            values, ids = torch.topk(self._logprobs, self._top)
+            alternatives = list(zip(ids.tolist(), values.tolist(), strict=True))
+        return TokenLogprob(token_id=token, logprob=float(self._logprobs[token]), top=alternatives)

@@ -1,0 +1,234 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each computes.
+
+Every step (nano-vllm's schedule -> run -> postprocess):
+1. Running sequences with one token to compute (decoding) all run; each may need a fresh page
+   for its next slot. If the pool is out of pages even after evicting cached prefixes, the most
+   recently admitted sequence is preempted: its KV goes into the prefix cache (so coming back
+   costs little), its pages are released, and it returns to the front of the queue.
+2. Sequences still prefilling get chunks from a per-step budget of `max_prefill_tokens`, so a
+   long prompt is spread over steps and running decodes keep their pace (chunked prefill). When
+   nothing decodes there is no one to stall, and the budget is `max_idle_prefill_tokens`.
+3. While budget, `max_running` and pages allow, waiting requests are admitted in arrival order:
+   the prefix cache supplies what it can, pages are allocated for the rest of the prompt (plus
+   one page per extra choice, for the copy of a shared partial page), and the first chunk joins
+   this step. A request that shares a longer prefix with a sequence still prefilling than the
+   cache holds waits for it (in-batch prefix sharing): next step that prefix is cached.
+
+The scheduler deals in page ids and token counts; tensors belong to the runner.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from adapters.local.kv_pool import KVPool
+from adapters.local.prefix_cache import PrefixCache
+from adapters.local.sequence import Sequence, Status
+
+_WAIT_FOR_TOKENS = 64
+"""Prompt tokens a request must stand to gain before it waits a step for another's prefill."""
+_COMPARE_SLICE = 256
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """One step's work: decoding sequences, then prefill chunks as (sequence, tokens)."""
+
+    decodes: list[Sequence] = field(default_factory=list)
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+
+
+class Scheduler:
+    """Waiting queue, running set and page accounting. Engine thread only."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        cache: PrefixCache,
+        *,
+        max_running: int,
+        max_prefill_tokens: int,
+        max_idle_prefill_tokens: int,
+    ) -> None:
+        self.pool = pool
+        self.cache = cache
+        self.page_size = pool.page_size
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_idle_prefill_tokens = max(max_idle_prefill_tokens, max_prefill_tokens)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._reserved: dict[int, list[int]] = {}  # seq_id -> pages set aside for its forks' copies
+        self._order = itertools.count()
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a group leader (its sibling choices ride in `seq.forks`)."""
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledStep:
+        """Pick this step's work (possibly empty when the pool cannot admit anyone)."""
+        step = ScheduledStep()
+        for seq in list(self.running):
+            # Skips sequences preempted earlier in this loop.
+            if seq.status is Status.RUNNING and not seq.in_prefill and self._ensure_slot(seq):
+                step.decodes.append(seq)
+        budget = self.max_prefill_tokens if step.decodes else self.max_idle_prefill_tokens
+        for seq in self.running:
+            if seq.in_prefill and budget > 0:
+                chunk = min(budget, seq.remaining)
+                budget -= chunk
+                step.prefills.append((seq, chunk))
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if len(self.running) + 1 + len(seq.forks) > self.max_running or not self._admit(seq):
+                break
+            self.waiting.popleft()
+            chunk = min(budget, seq.remaining)
+            budget -= chunk
+            step.prefills.append((seq, chunk))
+        return step
+
+    def fork(self, leader: Sequence) -> list[Sequence]:
+        """Start the leader's sibling choices on its prompt KV: full pages shared, the partial one copied."""
+        children, leader.forks = leader.forks, []
+        reserved = self._reserved.pop(leader.seq_id, [])
+        full = leader.num_computed // self.page_size
+        for child in children:
+            shared = leader.pages[:full]
+            self.pool.retain(shared)
+            child.pages = list(shared)
+            if full < len(leader.pages):
+                copy = reserved.pop()
+                self.pool.copy_page(leader.pages[full], copy)
+                child.pages.append(copy)
+            child.num_computed = leader.num_computed
+            child.lock = leader.lock
+            if child.lock is not None:
+                self.cache.lock(child.lock)
+            self._start(child)
+        self.pool.release(reserved)
+        return children
+
+    def finish(self, seq: Sequence, *, keep_kv: bool) -> None:
+        """Take `seq` out; with `keep_kv` its computed tokens go into the prefix cache first."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if keep_kv:
+            self._cache_progress(seq)
+        self._release(seq)
+        seq.status = Status.FINISHED
+        self.cache.enforce_cap()
+
+    def cache_progress(self, seq: Sequence) -> None:
+        """Publish `seq`'s computed whole pages to the prefix cache and lock them for it."""
+        self._cache_progress(seq)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _admit(self, seq: Sequence) -> bool:
+        hit = self.cache.match(seq.salt, seq.tokens[:-1])
+        if self._worth_waiting(seq, hit.tokens):
+            self.cache.unlock(hit.node)
+            self.pool.release(hit.pages)
+            return False
+        need = -(-len(seq.tokens) // self.page_size) - len(hit.pages)
+        partial = seq.prompt_len % self.page_size != 0 and seq.output_len == 0
+        extra = len(seq.forks) if partial else 0
+        fresh = self._alloc(need + extra)
+        if fresh is None:
+            self.cache.unlock(hit.node)
+            self.pool.release(hit.pages)
+            return False
+        seq.pages = hit.pages + fresh[:need]
+        if extra:
+            self._reserved[seq.seq_id] = fresh[need:]
+        seq.num_computed = hit.tokens
+        seq.lock = hit.node
+        if seq.output_len == 0:
+            seq.cached_tokens = hit.tokens
+            self.cache.record(seq.prompt_len, hit.tokens)
+        self._start(seq)
+        return True
+
+    def _worth_waiting(self, seq: Sequence, cached: int) -> bool:
+        """True when a sequence now prefilling shares at least `_WAIT_FOR_TOKENS` more of `seq`'s
+        prompt than the cache holds: admitted next step, `seq` will find that prefix cached."""
+        return any(
+            other.in_prefill
+            and other.salt == seq.salt
+            and _common_prefix(seq.tokens, other.tokens) - cached >= _WAIT_FOR_TOKENS
+            for other in self.running
+        )
+
+    def _start(self, seq: Sequence) -> None:
+        seq.status = Status.RUNNING
+        seq.admitted_at = next(self._order)
+        self.running.append(seq)
+
+    def _ensure_slot(self, seq: Sequence) -> bool:
+        """Make sure `seq` has a page for its next token; False if `seq` itself had to be preempted."""
+        while len(seq.pages) * self.page_size <= seq.num_computed:
+            pages = self._alloc(1)
+            if pages is not None:
+                seq.pages.extend(pages)
+                continue
+            victim = max(self.running, key=lambda s: s.admitted_at)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _alloc(self, count: int) -> list[int] | None:
+        pages = self.pool.alloc(count)
+        if pages is None:
+            self.cache.evict(count - self.pool.free_pages)
+            pages = self.pool.alloc(count)
+        return pages
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.preemptions += 1
+        self.running.remove(seq)
+        self._cache_progress(seq)
+        self._release(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def _cache_progress(self, seq: Sequence) -> None:
+        if not self.cache.enabled or seq.num_computed < self.page_size:
+            return
+        node = self.cache.insert(seq.salt, seq.tokens[: seq.num_computed], seq.pages)
+        self.cache.lock(node)
+        if seq.lock is not None:
+            self.cache.unlock(seq.lock)
+        seq.lock = node
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.lock is not None:
+            self.cache.unlock(seq.lock)
+            seq.lock = None
+        self.pool.release(seq.pages)
+        seq.pages = []
+        self.pool.release(self._reserved.pop(seq.seq_id, []))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists (compared in slices, at C speed)."""
+    limit = min(len(a), len(b))
+    done = 0
+    while done < limit:
+        step = min(_COMPARE_SLICE, limit - done)
+        if a[done : done + step] != b[done : done + step]:
+            while a[done] == b[done]:
+                done += 1
+            return done
+        done += step
+    return done

@@ -1,0 +1,153 @@
+"""Request and sequence state as the scheduler sees it: token ids, page ids, progress.
+
+A `GenerationJob` is one API request, built on the event loop and handed to the engine thread.
+It holds one `PromptGroup` per prompt (completions accept several); each group becomes `n`
+`Sequence`s, one per choice. The first sequence of a group prefills the prompt; the others
+wait in `forks` and, once the prompt's KV exists, share its pages (see Scheduler.fork).
+
+What flows back is `ChoiceDelta`s: new text, logprobs and, at the end, the finish reason and
+token counts of one choice.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from adapters.errors import EngineError
+from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
+from adapters.local.text_stream import TextStream
+from cachelayer.radix import RadixNode
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """What one choice produced in one scheduler step."""
+
+    index: int
+    token_id: int
+    """The token sampled this step."""
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    """Set on the final delta: tokens this choice generated."""
+    cached_tokens: int = 0
+    """Set on the final delta of a group's first choice: prompt tokens served from the prefix cache."""
+
+
+@dataclass(slots=True)
+class JobFailed:
+    """The engine could not finish the job; the stream reports this error."""
+
+    error: EngineError
+
+
+JobEvent = ChoiceDelta | JobFailed
+Sink = Callable[[list[JobEvent]], None]
+"""Called on the engine thread with one step's events; must be thread-safe and never block."""
+
+
+@dataclass(slots=True)
+class PromptGroup:
+    """One prompt and the choice indices its `n` completions answer with."""
+
+    prompt: list[int]
+    first_index: int
+    n: int
+
+
+@dataclass(slots=True)
+class GenerationJob:
+    """One request, ready for the engine thread."""
+
+    job_id: int
+    groups: list[PromptGroup]
+    params: SamplingParams
+    salt: str
+    sink: Sink
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+class Sequence:
+    """One choice being generated: its tokens, pages, sampler and text state."""
+
+    __slots__ = (
+        "admitted_at",
+        "cached_tokens",
+        "choice_index",
+        "finish_reason",
+        "forks",
+        "job",
+        "lock",
+        "num_computed",
+        "pages",
+        "prompt_len",
+        "reports_cache",
+        "sampler",
+        "seq_id",
+        "status",
+        "text",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        job: GenerationJob,
+        prompt: list[int],
+        choice_index: int,
+        sampler: SamplerState,
+        text: TextStream,
+    ) -> None:
+        self.seq_id = next(_ids)
+        self.job = job
+        self.choice_index = choice_index
+        self.tokens = list(prompt)
+        self.prompt_len = len(prompt)
+        self.sampler = sampler
+        self.text = text
+        self.pages: list[int] = []
+        self.num_computed = 0
+        """Leading tokens whose K/V is in `pages`."""
+        self.cached_tokens = 0
+        self.reports_cache = False
+        """True for the group's first choice, which reports the group's cached tokens."""
+        self.lock: RadixNode[int] | None = None
+        """The radix node locked while this sequence uses the cached pages under it."""
+        self.forks: list[Sequence] = []
+        """Sibling choices waiting for this sequence's prompt KV."""
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.admitted_at = 0
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.job.params
+
+    @property
+    def salt(self) -> str:
+        return self.job.salt
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose K/V must be computed before the next sample (1 when decoding)."""
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than one token to compute: a prompt, or a preempted sequence coming back."""
+        return self.remaining > 1

@@ -1,0 +1,62 @@
+"""Peak RSS of the embedded engine with its default KV budget full: 16 concurrent 4k-token sequences.
+
+Runs in its own process (the benchmark starts it) so `transformers` does not count against us.
+Prints one JSON object: peak RSS, weight bytes, KV pool bytes and the workload.
+
+    .venv/bin/python -m benchmarks.engine.memory --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import torch
+
+from adapters.local import LocalEngine, LocalEngineConfig
+from benchmarks.engine.workloads import ours, token_ids
+
+SEQUENCES = 16
+SEQUENCE_TOKENS = 4096
+NEW_TOKENS = 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sequence-tokens", type=int, default=SEQUENCE_TOKENS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = LocalEngineConfig(threads=args.threads)
+    engine = LocalEngine(config)
+    engine.start_sync()
+    prompts = [token_ids(args.sequence_tokens - NEW_TOKENS, seed=7000 + i) for i in range(SEQUENCES)]
+    start = time.perf_counter()
+    wall, _ = ours(engine, prompts, NEW_TOKENS)
+    stats = engine.stats()
+    assert stats is not None
+    weights, pool_bytes = stats.weight_bytes, stats.kv_pool_bytes
+    engine.close_sync()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(
+        json.dumps(
+            {
+                "sequences": SEQUENCES,
+                "tokens_per_sequence": args.sequence_tokens,
+                "kv_budget_tokens": config.kv_budget_tokens,
+                "weights_bytes": weights,
+                "kv_pool_bytes": pool_bytes,
+                "peak_rss_bytes": peak,
+                "headroom_bytes": weights + pool_bytes + 300 * 2**20 - peak,
+                "preemptions": stats.preemptions,
+                "wall_s": round(wall, 1),
+                "elapsed_s": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

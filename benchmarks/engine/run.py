@@ -1,0 +1,270 @@
+"""The embedded engine against `transformers`, side by side in one process: same model (the GGUF),
+same prompts, same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
+
+    .venv/bin/python -m benchmarks.engine.run --threads 2
+
+Sections (the issue's floors in brackets):
+- cold prefill of 2,176 tokens: time to first token, prefill tokens/s          [>= 1.2x transformers]
+- 2,048 cached prefix + 128-token question: time to first token                [<= 1/10 of cold]
+- single-stream greedy decode at 2.2k context, ms/token                          [<= 0.5x transformers]
+- 16 concurrent streams (128-token prompts, 128 tokens each): aggregate tok/s   [>= 4x one stream]
+- few-shot: 8 groups x 8 prompts, 1,024-token shared prefix, 64-token answers   [radix >= 3x no radix]
+- peak RSS with the default KV budget full (16 x 4,096 tokens), own process      [<= weights + KV + 300 MB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adapters.local import LocalEngine, LocalEngineConfig
+from adapters.local.checkpoint import default_model_path
+from adapters.local.loader import LoadedModel, load_model
+from benchmarks.engine.workloads import (
+    ours,
+    per_token_ms,
+    reference,
+    reference_forward_s,
+    reference_suffix_ttft,
+    token_ids,
+)
+
+OUT_DIR = Path(__file__).parent / "out"
+COLD_TOKENS, PREFIX_TOKENS, QUESTION_TOKENS = 2176, 2048, 128
+DECODE_TOKENS = 65
+STREAMS, STREAM_PROMPT, STREAM_TOKENS = 16, 128, 128
+GROUPS, PER_GROUP, SHARED, OWN, ANSWER = 8, 8, 1024, 32, 64
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--reps", type=int, default=3, help="repetitions of the latency measurements (median)"
+    )
+    parser.add_argument("--skip-memory", action="store_true", help="skip the 16 x 4k-token RSS run")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    load_before = os.getloadavg()
+    config = LocalEngineConfig(threads=args.threads)
+    loaded = load_model(config)
+    reference_model = _load_reference()
+    results: dict[str, Any] = {
+        "machine": _machine(args.threads),
+        "command": "python -m benchmarks.engine.run " + " ".join(sys.argv[1:]),
+        "config": {"page_size": config.page_size, "max_prefill_tokens": config.max_prefill_tokens},
+    }
+    _progress("prefill")
+    results["prefill"] = _prefill(loaded, config, reference_model, args.reps)
+    _progress("decode")
+    results["decode"] = _decode(loaded, config, reference_model)
+    _progress("concurrency")
+    results["concurrency"] = _concurrency(loaded, config)
+    _progress("few-shot")
+    results["few_shot"] = _few_shot(loaded, config)
+    if not args.skip_memory:
+        _progress("memory")
+        results["memory"] = _memory(args.threads)
+    results["load_average"] = {"start": load_before, "end": os.getloadavg()}
+    results["elapsed_s"] = round(time.time() - started, 1)
+    OUT_DIR.mkdir(exist_ok=True)
+    out = OUT_DIR / time.strftime("engine-%Y%m%d-%H%M%S.json")
+    out.write_text(json.dumps(results, indent=2))
+    print(_table(results))
+    print(f"\nraw results: {out}")
+
+
+def _progress(section: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {section} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+
+
+def _engine(loaded: LoadedModel, config: LocalEngineConfig, **overrides: Any) -> LocalEngine:
+    engine = LocalEngine(replace(config, **overrides), model=loaded)
+    engine.start_sync()
+    return engine
+
+
+def _load_reference() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: int) -> dict[str, Any]:
+    cold_engine = _engine(loaded, config, radix_cache=False)
+    cached_engine = _engine(loaded, config)
+    ours_cold, theirs_cold, theirs_forward, ours_cached, theirs_cached = [], [], [], [], []
+    prefix = token_ids(PREFIX_TOKENS, seed=100)
+    ours(cached_engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
+    for rep in range(reps):
+        prompt = token_ids(COLD_TOKENS, seed=rep)
+        ours_cold.append(ours(cold_engine, [prompt], 1)[1][0].first_token_s)
+        theirs_cold.append(reference(model, prompt, 1).first_token_s)
+        theirs_forward.append(reference_forward_s(model, prompt))
+        question = token_ids(QUESTION_TOKENS, seed=300 + rep)
+        timed = ours(cached_engine, [prefix + question], 1)[1][0]
+        ours_cached.append(timed.first_token_s)
+        theirs_cached.append(reference_suffix_ttft(model, prefix, question))
+    cold_engine.close_sync()
+    cached_engine.close_sync()
+    ours_s, theirs_s, forward_s, cached_s = (
+        statistics.median(v) for v in (ours_cold, theirs_cold, theirs_forward, ours_cached)
+    )
+    return {
+        "cold_ttft_s": {
+            "ours": ours_s,
+            "transformers_generate": theirs_s,
+            "transformers_forward": forward_s,
+            "samples": {"ours": ours_cold, "generate": theirs_cold, "forward": theirs_forward},
+        },
+        "prefill_tok_s": {
+            "ours": COLD_TOKENS / ours_s,
+            "transformers_generate": COLD_TOKENS / theirs_s,
+            "transformers_forward": COLD_TOKENS / forward_s,
+        },
+        "prefill_speedup_vs_generate": theirs_s / ours_s,
+        "prefill_speedup_vs_forward": forward_s / ours_s,
+        "cached_ttft_s": {"ours": cached_s, "transformers_reused_kv": statistics.median(theirs_cached)},
+        "cached_over_cold": cached_s / ours_s,
+    }
+
+
+def _decode(loaded: LoadedModel, config: LocalEngineConfig, model: Any) -> dict[str, Any]:
+    engine = _engine(loaded, config, radix_cache=False)
+    prompt = token_ids(COLD_TOKENS, seed=400)
+    ours_ms = per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0])
+    theirs_ms = per_token_ms(reference(model, prompt, DECODE_TOKENS))
+    engine.close_sync()
+    return {
+        "context": COLD_TOKENS,
+        "ms_per_token": {"ours": ours_ms, "transformers": theirs_ms},
+        "ratio": ours_ms / theirs_ms,
+    }
+
+
+def _concurrency(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
+    engine = _engine(loaded, config, radix_cache=False)
+    prompts = [token_ids(STREAM_PROMPT, seed=500 + i) for i in range(STREAMS)]
+    single_wall, _ = ours(engine, prompts[:1], STREAM_TOKENS)
+    many_wall, _ = ours(engine, prompts, STREAM_TOKENS)
+    engine.close_sync()
+    single, many = STREAM_TOKENS / single_wall, STREAMS * STREAM_TOKENS / many_wall
+    return {"single_tok_s": single, "aggregate_tok_s": many, "ratio": many / single}
+
+
+def _few_shot(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
+    prompts = [
+        token_ids(SHARED, seed=1000 + g) + token_ids(OWN, seed=2000 + g * PER_GROUP + i)
+        for g in range(GROUPS)
+        for i in range(PER_GROUP)
+    ]
+    out: dict[str, Any] = {}
+    for name, radix in (("radix", True), ("no_radix", False)):
+        engine = _engine(loaded, config, radix_cache=radix)
+        wall, _ = ours(engine, prompts, ANSWER)
+        stats = engine.stats()
+        engine.close_sync()
+        out[name] = {
+            "wall_s": wall,
+            "tok_s": len(prompts) * ANSWER / wall,
+            "cache_hit_tokens": stats.cache_hit_tokens if stats else 0,
+        }
+    out["ratio"] = out["radix"]["tok_s"] / out["no_radix"]["tok_s"]
+    return out
+
+
+def _memory(threads: int) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.engine.memory", "--threads", str(threads)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _machine(threads: int) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _table(r: dict[str, Any]) -> str:
+    p, d, c, f = r["prefill"], r["decode"], r["concurrency"], r["few_shot"]
+    cold, rate = p["cold_ttft_s"], p["prefill_tok_s"]
+    rows = [
+        (
+            "cold prefill 2,176 tok: TTFT",
+            f"{cold['ours']:.2f} s",
+            f"{cold['transformers_generate']:.2f} s generate / {cold['transformers_forward']:.2f} s forward",
+            "",
+        ),
+        (
+            "prefill tokens/s",
+            f"{rate['ours']:.0f}",
+            f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
+            f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
+        ),
+        (
+            "TTFT, 2,048 cached + 128 new",
+            f"{p['cached_ttft_s']['ours']:.2f} s",
+            f"{p['cached_ttft_s']['transformers_reused_kv']:.2f} s (KV reused by hand)",
+            f"{p['cached_over_cold']:.3f} of cold (<= 0.1)",
+        ),
+        (
+            "decode ms/token at 2.2k context",
+            f"{d['ms_per_token']['ours']:.1f}",
+            f"{d['ms_per_token']['transformers']:.1f} (generate)",
+            f"{d['ratio']:.2f}x (<= 0.5x)",
+        ),
+        (
+            "16 streams, aggregate tok/s",
+            f"{c['aggregate_tok_s']:.1f} (1 stream: {c['single_tok_s']:.1f})",
+            "",
+            f"{c['ratio']:.2f}x (>= 4x)",
+        ),
+        (
+            "few-shot 8 x 8, tok/s",
+            f"{f['radix']['tok_s']:.1f} radix / {f['no_radix']['tok_s']:.1f} no radix",
+            "",
+            f"{f['ratio']:.2f}x (>= 3x)",
+        ),
+    ]
+    if "memory" in r:
+        m, mb = r["memory"], 2**20
+        limit = (m["weights_bytes"] + m["kv_pool_bytes"]) / mb + 300
+        rows.append(
+            ("peak RSS, 16 x 4,096 tokens", f"{m['peak_rss_bytes'] / mb:.0f} MB", "", f"limit {limit:.0f} MB")
+        )
+    lines = ["| measurement | radixgate local | transformers | ratio (floor) |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c_} | {e} |" for a, b, c_, e in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

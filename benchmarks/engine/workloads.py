@@ -1,0 +1,122 @@
+"""Deterministic prompts for the engine benchmark, and the two engines' timing harnesses.
+
+Prompts are seeded random token ids from the ordinary vocabulary range, identical for our
+engine and for `transformers`. Every generation bans EOS (ours: logit bias; transformers:
+`min_new_tokens`), so both produce exactly the number of tokens asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adapters.local import LocalEngine
+from adapters.local.sampling import SamplingParams
+
+EOS = 2
+VOCAB_LOW, VOCAB_HIGH = 100, 40_000
+
+
+def token_ids(count: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(count)]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logit_bias=((EOS, -100.0),))
+
+
+@dataclass(slots=True)
+class Timed:
+    seconds: float
+    """Submission to the last token."""
+    first_token_s: float
+    """Submission to the first token."""
+    token_times: list[float]
+    """Arrival time of each generated token, relative to submission."""
+
+
+async def _generate_timed(engine: LocalEngine, prompt: list[int], params: SamplingParams) -> Timed:
+    """Our engine, timing each token as the engine thread hands it over."""
+    start = time.perf_counter()
+    times: list[float] = []
+    async for deltas in engine.generate_stream(prompt, params):
+        times.extend(time.perf_counter() - start for _ in deltas)
+    return Timed(seconds=times[-1], first_token_s=times[0], token_times=times)
+
+
+def ours(engine: LocalEngine, prompts: Sequence[list[int]], max_tokens: int) -> tuple[float, list[Timed]]:
+    """Submit all prompts at once; return (wall seconds, per-prompt timings)."""
+
+    async def go() -> tuple[float, list[Timed]]:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(_generate_timed(engine, p, greedy(max_tokens)) for p in prompts))
+        return time.perf_counter() - start, list(results)
+
+    return asyncio.run(go())
+
+
+class _Clock:
+    """A `transformers` streamer that records when each new token appears."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # generate() first hands over the prompt
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter() - self.start)
+
+    def end(self) -> None:
+        pass
+
+
+def reference(model: Any, prompt: list[int], max_tokens: int) -> Timed:
+    """`transformers` greedy generate on one prompt, timing each token."""
+    clock = _Clock()
+    with torch.inference_mode():
+        model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            streamer=clock,
+        )
+    return Timed(seconds=clock.times[-1], first_token_s=clock.times[0], token_times=clock.times)
+
+
+def reference_forward_s(model: Any, prompt: list[int]) -> float:
+    """`transformers` forward over the whole prompt (logits at every position, as a plain
+    `model(ids)` call computes them): seconds to the first token."""
+    with torch.inference_mode():
+        start = time.perf_counter()
+        int(model(torch.tensor([prompt]), use_cache=True).logits[0, -1].argmax())
+        return time.perf_counter() - start
+
+
+def reference_suffix_ttft(model: Any, prefix: list[int], suffix: list[int]) -> float:
+    """`transformers` with the prefix's KV already computed: seconds to the first token of the suffix."""
+    import copy
+
+    with torch.inference_mode():
+        cached = model(torch.tensor([prefix]), use_cache=True).cache
+        reused = copy.deepcopy(cached)
+        start = time.perf_counter()
+        logits = model(torch.tensor([suffix]), cache=reused, use_cache=True, logits_to_keep=1).logits
+        int(logits[0, -1].argmax())
+        return time.perf_counter() - start
+
+
+def per_token_ms(timed: Timed) -> float:
+    """Mean gap between consecutive generated tokens (decode only), in ms."""
+    gaps = timed.token_times[-1] - timed.token_times[0]
+    return gaps / (len(timed.token_times) - 1) * 1000

@@ -1,0 +1,295 @@
+"""Routing benchmark: every policy over the same simulated workers, in one run, plus sglang-router.
+
+    .venv/bin/python -m benchmarks.routing.bench [--time-scale 0.25] [--sglang-router VENV/bin/python]
+
+For each workload (generated-shared-prefix, multi-turn over one system prompt, no sharing) and each
+router (radixgate with every policy, sglang-router `cache_aware`, and a sticky oracle that sends each
+group straight to one worker), the workers' caches are flushed, the workload is replayed, and the
+workers' own counters give the token hit rate and the per-worker request spread. Throughput is output
+tokens per wall second; TTFT is to the first streamed content. Results go to stdout (a Markdown
+table) and to `benchmarks/routing/out/results.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from benchmarks.routing.cluster import (
+    Cluster,
+    Proc,
+    WorkerCounters,
+    cpu_seconds,
+    flush_workers,
+    worker_counters,
+)
+from benchmarks.routing.decision import measure_decisions
+from benchmarks.routing.load import RunResult, run_conversations, run_requests
+from benchmarks.routing.sim_core import SimConfig
+from benchmarks.routing.workload import generated_shared_prefix, multi_turn, no_sharing, write_word_tokenizer
+
+POLICIES = ("round_robin", "random", "power_of_two", "least_load", "session", "cache_aware")
+WORKERS = 4
+SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 2048, 128, 256
+CAPACITY_TOKENS = 16 * SYSTEM_LEN + 32 * (QUESTION_LEN + OUTPUT_LEN)
+"""16 system prompts of prefix cache, plus room for one full batch's own question and output tokens."""
+CONCURRENCY = 128
+TURNS = 5
+CONVERSATIONS = 48
+OUT = Path(__file__).parent / "out"
+
+
+@dataclass(slots=True)
+class Row:
+    workload: str
+    router: str
+    requests: int
+    failures: int
+    wall_s: float
+    throughput_tok_s: float
+    engine_throughput_tok_s: float
+    """Output tokens per simulated second of the busiest worker: the wall-clock-free view."""
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    hit_rate: float
+    max_min_load: float
+    per_worker_requests: list[float]
+    first_error: str | None
+    router_cpu_ms_per_request: float | None
+    """CPU the router process spent per request (None for the oracle, which has no router)."""
+    workers_cpu_s: float
+    client_cpu_s: float
+    trees: list[dict[str, object]] | None = None
+    """radixgate only: per worker, its routing tree and prediction accuracy (from /admin/workers)."""
+
+
+@dataclass(slots=True)
+class Cpu:
+    router: float | None
+    workers: float
+    client: float
+
+
+def summarize(
+    workload: str, router: str, result: RunResult, counters: Sequence[WorkerCounters], cpu: Cpu
+) -> Row:
+    prompt = sum(c.prompt_tokens for c in counters)
+    cached = sum(c.cached_tokens for c in counters)
+    loads = [c.requests for c in counters]
+    return Row(
+        workload=workload,
+        router=router,
+        requests=len(result.outcomes),
+        failures=result.failures,
+        wall_s=round(result.wall_s, 2),
+        throughput_tok_s=round(result.throughput, 1),
+        engine_throughput_tok_s=round(result.output_tokens / max(c.busy_s for c in counters), 1),
+        ttft_p50_s=result.ttft_percentile(0.5),
+        ttft_p99_s=result.ttft_percentile(0.99),
+        latency_p50_s=result.latency_percentile(0.5),
+        latency_p99_s=result.latency_percentile(0.99),
+        hit_rate=round(cached / prompt, 4) if prompt else 0.0,
+        max_min_load=round(max(loads) / min(loads), 2) if min(loads) > 0 else float("inf"),
+        per_worker_requests=loads,
+        first_error=next((o.error for o in result.outcomes if o.error is not None), None),
+        router_cpu_ms_per_request=None
+        if cpu.router is None
+        else round(cpu.router * 1e3 / len(result.outcomes), 2),
+        workers_cpu_s=round(cpu.workers, 1),
+        client_cpu_s=round(cpu.client, 1),
+    )
+
+
+async def replay(workload: str, seed: int, target: Callable[[int], str], session_ids: bool) -> RunResult:
+    if workload == "shared_prefix":
+        requests = generated_shared_prefix(
+            seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
+        )
+        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+    if workload == "no_sharing":
+        requests = no_sharing(seed, prompt_len=SYSTEM_LEN + QUESTION_LEN, output_len=OUTPUT_LEN)
+        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+    conversations = multi_turn(
+        seed,
+        conversations=CONVERSATIONS,
+        turns=TURNS,
+        system_len=SYSTEM_LEN,
+        question_len=QUESTION_LEN,
+        output_len=OUTPUT_LEN // 2,
+    )
+    return await run_conversations(conversations, TURNS, target)
+
+
+def router_trees(router: Proc) -> list[dict[str, object]]:
+    """Tree size, memory and prediction accuracy per worker, as the gateway's admin API reports them."""
+    keys = (
+        "tree_tokens",
+        "tree_nodes",
+        "tree_memory_bytes",
+        "capacity_tokens",
+        "capacity_estimate_tokens",
+        "predicted_cached_tokens",
+        "reported_cached_tokens",
+        "mispredictions",
+        "requests",
+    )
+    rows = httpx.get(router.url + "/admin/workers", timeout=10, trust_env=False).json()["workers"]
+    return [{"id": row["id"], **{key: row[key] for key in keys}} for row in rows]
+
+
+def _fixed(url: str) -> Callable[[int], str]:
+    """Every request to one URL (a router's)."""
+    return lambda _group: url
+
+
+def _cpu(router: Proc | None, workers: Sequence[Proc]) -> Cpu:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return Cpu(
+        router=cpu_seconds(router) if router is not None else None,
+        workers=sum(cpu_seconds(w) for w in workers),
+        client=usage.ru_utime + usage.ru_stime,
+    )
+
+
+def run_one(
+    workload: str, name: str, router: Proc | None, workers: Sequence[Proc], target: Callable[[int], str]
+) -> Row:
+    flush_workers(workers)
+    before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
+    result = asyncio.run(replay(workload, seed=7, target=target, session_ids=True))
+    after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
+    cpu = Cpu(
+        router=None
+        if cpu_after.router is None or cpu_before.router is None
+        else cpu_after.router - cpu_before.router,
+        workers=cpu_after.workers - cpu_before.workers,
+        client=cpu_after.client - cpu_before.client,
+    )
+    row = summarize(workload, name, result, [a.minus(b) for a, b in zip(after, before, strict=True)], cpu)
+    if router is not None and name.startswith("radixgate"):
+        row.trees = router_trees(router)
+    print(json.dumps(asdict(row)), flush=True)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument(
+        "--sglang-router",
+        type=Path,
+        default=Path("/tmp/sglr-venv/bin/python"),
+        help="python of a venv with sglang-router installed (skipped if missing)",
+    )
+    parser.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn", "no_sharing"])
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--gateway-toml", default="", help="extra radixgate.toml lines for every gateway")
+    parser.add_argument("--stream-interval", type=int, default=64)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=TOML: one more cache_aware gateway with extra settings (\\n for newlines)",
+    )
+    parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
+    args = parser.parse_args(argv)
+    OUT.mkdir(exist_ok=True)
+    tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
+    gateway_config = OUT / "gateway.toml"
+    gateway_config.write_text(
+        # Health checks must not mistake a saturated (simulated) engine for a dead one.
+        f'[upstream_client]\nhealth_timeout_s = 10.0\n\n[routing.tokenizers]\nsim-model = "{tokenizer}"\n'
+        + args.gateway_toml
+    )
+    config = SimConfig(
+        capacity_tokens=CAPACITY_TOKENS, time_scale=args.time_scale, stream_interval=args.stream_interval
+    )
+    cluster = Cluster(OUT)
+    rows: list[Row] = []
+    started = time.time()
+    try:
+        workers = [cluster.sim_worker(i, config, tokenizer) for i in range(WORKERS)]
+        cluster.wait_ready(workers)
+        for workload in args.workloads:
+            routers = [cluster.gateway(f"radixgate-{p}", workers, p, gateway_config) for p in args.policies]
+            for variant in args.variant:
+                name, _, extra = variant.partition("=")
+                variant_config = OUT / f"gateway-{name}.toml"
+                variant_config.write_text(gateway_config.read_text() + extra.replace("\\n", "\n") + "\n")
+                routers.append(
+                    cluster.gateway(f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config)
+                )
+            if args.sglang_router.exists():
+                routers.append(
+                    cluster.sglang_router("sglang-router-cache_aware", workers, args.sglang_router, tokenizer)
+                )
+            cluster.wait_ready(routers)
+            for router in routers:
+                rows.append(run_one(workload, router.name, router, workers, _fixed(router.url)))
+            rows.append(
+                run_one(
+                    workload, "oracle-sticky", None, workers, lambda group: workers[group % len(workers)].url
+                )
+            )
+            cluster.stop(routers)
+    finally:
+        cluster.stop()
+    decisions = {} if args.skip_decision else measure_decisions()
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {platform.system()}".strip(),
+        "sim": asdict(config),
+        "rows": [asdict(r) for r in rows],
+        "decision": decisions,
+        "wall_s": round(time.time() - started, 1),
+    }
+    (OUT / "results.json").write_text(json.dumps(report, indent=2))
+    print(markdown(rows))
+    print(json.dumps(decisions, indent=2))
+
+
+def _pair(p50: float | None, p99: float | None) -> str:
+    return "-" if p50 is None or p99 is None else f"{p50:.2f} / {p99:.2f}"
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """One table per workload; ratios are against radixgate's round_robin in the same run.
+    TTFT is measured on the streamed multi-turn workload only."""
+    lines = []
+    for workload in dict.fromkeys(r.workload for r in rows):
+        group = [r for r in rows if r.workload == workload]
+        base = next((r for r in group if r.router == "radixgate-round_robin"), group[0])
+        lines += [
+            f"\n#### {workload}\n",
+            "| router | hit rate | tok/s (wall) | x RR | tok/engine-s | x RR | TTFT p50/p99 s "
+            "| latency p50/p99 s | max/min load | router CPU ms/req | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in group:
+            wall = r.throughput_tok_s / base.throughput_tok_s if base.throughput_tok_s else float("nan")
+            engine = r.engine_throughput_tok_s / base.engine_throughput_tok_s
+            cpu = "-" if r.router_cpu_ms_per_request is None else r.router_cpu_ms_per_request
+            lines.append(
+                f"| {r.router} | {r.hit_rate:.1%} | {r.throughput_tok_s:.0f} | {wall:.2f} | "
+                f"{r.engine_throughput_tok_s:.0f} | {engine:.2f} | {_pair(r.ttft_p50_s, r.ttft_p99_s)} | "
+                f"{_pair(r.latency_p50_s, r.latency_p99_s)} | {r.max_min_load:.2f} | "
+                f"{cpu} | {r.failures} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""What every byte tier (memory, disk, Redis) offers the tiered store, and the value it stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from cachelayer.stats import TierSnapshot
+
+__all__ = ["DEFAULT_COST", "Entry", "Tier"]
+
+DEFAULT_COST = 1.0
+"""Cost of recomputing an entry when the caller gives none (only the ``adaptive`` policy reads it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored value with the metadata that travels with it between tiers."""
+
+    data: bytes
+    expires_at: float | None
+    """Wall-clock time (seconds since the epoch) after which the entry is gone; None = no TTL."""
+    cost: float = DEFAULT_COST
+    """What recomputing the value would cost, in the caller's unit (e.g. prefill tokens)."""
+
+
+class Tier(Protocol):
+    """One level of the store. Not thread-safe alone: the ``TieredStore`` serialises calls."""
+
+    name: str
+
+    def get(self, key: bytes) -> Entry | None:
+        """The live entry for ``key``, or None (a miss; expired or corrupt entries are dropped)."""
+        ...
+
+    def contains(self, key: bytes) -> bool:
+        """Whether a live entry for ``key`` is held, without reading it or counting a query."""
+        ...
+
+    def put(self, key: bytes, entry: Entry) -> list[tuple[bytes, Entry]]:
+        """Store ``entry``; returns the live entries pushed out to make room (for demotion).
+
+        An entry larger than the whole tier is not stored and comes back in the returned list.
+        """
+        ...
+
+    def delete(self, key: bytes) -> bool:
+        """Drop ``key``; True when it was present."""
+        ...
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        ...
+
+    def stats(self) -> TierSnapshot:
+        """Counters and size now."""
+        ...
+
+    def close(self) -> None:
+        """Release files, locks and connections."""
+        ...

@@ -1,0 +1,99 @@
+"""Cache management: `GET /v1/cache/stats`, `POST /v1/cache/clear`, `POST /v1/cache/warm`.
+
+All three accept any valid API key (everyone when no keys are configured), like the worker admin API.
+`clear` empties every tier of the response cache (every tenant's entries), every routing tree, and
+the prefix cache of every engine whose adapter can flush it (SGLang `/flush_cache`, vLLM
+`/reset_prefix_cache`); engines that cannot are listed with `flushed: null`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, get, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import JSONBody
+
+from adapters.engine_metrics import FlushesCache
+from proxy.cache.stats import CacheStatsResponse, build_stats
+from proxy.cache.warm import WarmRequest, WarmResult, warm
+from proxy.gateway import Gateway
+from proxy.routing.admin import key_guard
+from proxy.routing.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from proxy.cache.layer import CacheLayer
+
+CACHE_STATS_PATH = "/v1/cache/stats"
+CACHE_CLEAR_PATH = "/v1/cache/clear"
+CACHE_WARM_PATH = "/v1/cache/warm"
+
+
+class EngineFlush(msgspec.Struct, kw_only=True):
+    worker: str
+    flushed: bool | None
+    """True when the engine dropped its prefix cache, False when it refused (e.g. busy), null when
+    its adapter has no way to flush it."""
+
+
+class TierEntries(msgspec.Struct, kw_only=True):
+    tier: str
+    entries: int | None
+    """Entries the tier held before it was emptied (null for Redis, which does not count them)."""
+
+
+class ClearResult(msgspec.Struct, kw_only=True):
+    """The body of `POST /v1/cache/clear`."""
+
+    cleared: bool = True
+    response_cache: list[TierEntries]
+    """Every tier of the response cache, emptied (an entry may sit in several tiers at once)."""
+    routing_trees_cleared: int
+    engines: list[EngineFlush]
+
+
+def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler]:
+    """The three cache management routes over `layer`."""
+    guards = [key_guard(gateway.auth.authenticate)]
+
+    @get(CACHE_STATS_PATH, guards=guards, name="cache_stats")
+    async def cache_stats() -> CacheStatsResponse:
+        return build_stats(
+            layer.config,
+            layer.settings.preset,
+            await layer.store_stats_async(),
+            layer.monitor,
+            gateway.router,
+            enabled=layer.responses is not None,
+            shared=layer.settings.share_across_tenants,
+        )
+
+    @post(CACHE_CLEAR_PATH, guards=guards, status_code=200, name="cache_clear")
+    async def cache_clear() -> ClearResult:
+        removed: list[TierEntries] = []
+        snapshot = await layer.store_stats_async()
+        if layer.responses is not None and snapshot is not None:
+            removed = [TierEntries(tier=t.name, entries=t.entries) for t in snapshot.tiers]
+            await asyncio.to_thread(layer.responses.clear)
+        router = gateway.router
+        if not isinstance(router, WorkerPool):
+            return ClearResult(response_cache=removed, routing_trees_cleared=0, engines=[])
+        workers = router.workers()
+        flushed = await router.flush_caches()
+        engines = [
+            EngineFlush(
+                worker=w.id, flushed=flushed.get(w.id, False) if isinstance(w.engine, FlushesCache) else None
+            )
+            for w in workers
+        ]
+        return ClearResult(response_cache=removed, routing_trees_cleared=len(workers), engines=engines)
+
+    @post(CACHE_WARM_PATH, guards=guards, status_code=200, name="cache_warm")
+    async def cache_warm(request: Request[Any, Any, Any], data: JSONBody[WarmRequest]) -> WarmResult:
+        header = request.headers.get("authorization")
+        tenant = gateway.auth.authenticate(header.encode() if header is not None else None)
+        return await warm(gateway, tenant, data)
+
+    return [cache_stats, cache_clear, cache_warm]

@@ -1,0 +1,149 @@
+"""`POST /v1/cached/chat/completions` and `POST /v1/cached/completions` (the seed's cached endpoints).
+
+A cached endpoint is the plain OpenAI route with the seed's extras:
+
+- request extras, removed before the body goes upstream: `enable_caching` (false: bypass the
+  response cache), `cache_key` (a label: opts a sampled request into the response cache and
+  partitions entries), `request_id` (becomes the request's `x-request-id`), `enable_speculation`
+  and `enable_sliding_window` (accepted and validated; neither feature exists, so they change nothing);
+- response extras: `usage.cached_tokens`, `cache_stats`, `performance`, `request_id`. A JSON answer
+  carries them at the top level; a stream gets one extra chunk with no choices just before `[DONE]`.
+
+The request runs through the same handler as the plain routes (auth, routing, the response-cache
+step, retries); this module only rewrites the body on the way in and decorates the answer on the way
+out. Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
+this answer (all of them on a response-cache hit, else the engine's reported prefix-cache tokens);
+`cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
+`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits` and
+`window_reuse` are 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
+replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
+response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
+`total_time_ms` (null when the answer reports no usage).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import msgspec
+from litestar.handlers import ASGIRouteHandler, asgi
+
+from adapters.schema import Operation
+from proxy.asgi_types import Message, Receive, Scope, Send
+from proxy.cache.decorate import AnswerDecorator
+from proxy.cache.step import CURRENT_CALL, CachedCall
+from proxy.errors import ApiError, split_validation_error
+from proxy.gateway import Gateway
+from proxy.routes.generation import (
+    MAX_CLIENT_REQUEST_ID,
+    REQUEST_ID_HEADER,
+    ClientDisconnected,
+    handle_generation,
+    read_body,
+)
+
+CACHED_CHAT_PATH = "/v1/cached/chat/completions"
+CACHED_COMPLETIONS_PATH = "/v1/cached/completions"
+MAX_CACHE_KEY = 256
+"""Longest `cache_key` accepted."""
+PRINTABLE_ASCII = r"^[\x20-\x7e]+$"
+"""What a `request_id` may hold (it becomes the `x-request-id` header)."""
+
+_object_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The seed's request extras."""
+
+    enable_caching: bool = True
+    enable_speculation: bool = False
+    enable_sliding_window: bool = False
+    cache_key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_KEY)] | None = None
+    request_id: (
+        Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_REQUEST_ID, pattern=PRINTABLE_ASCII)]
+        | None
+    ) = None
+
+
+EXTRA_FIELDS = frozenset(CacheExtras.__struct_fields__)
+
+
+def cached_handlers(gateway: Gateway) -> list[ASGIRouteHandler]:
+    """The two cached generation routes, bound to one gateway."""
+
+    @asgi(CACHED_CHAT_PATH, name="cached_chat_completions", copy_scope=False)
+    async def cached_chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+        await handle_cached(gateway, "chat", scope, receive, send)
+
+    @asgi(CACHED_COMPLETIONS_PATH, name="cached_completions", copy_scope=False)
+    async def cached_completions(scope: Scope, receive: Receive, send: Send) -> None:
+        await handle_cached(gateway, "text_completion", scope, receive, send)
+
+    return [cached_chat_completions, cached_completions]
+
+
+async def handle_cached(
+    gateway: Gateway, operation: Operation, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Strip the extras, run the plain generation handler, decorate its answer."""
+    started = time.perf_counter()
+    if scope["method"] != "POST":
+        raise ApiError.method_not_allowed(scope["method"], scope["path"], "POST")
+    headers: list[tuple[bytes, bytes]] = list(scope["headers"])
+    authorization = content_length = None
+    for name, value in headers:
+        if name == b"authorization":
+            authorization = value
+        elif name == b"content-length":
+            content_length = value
+    gateway.auth.authenticate(authorization)  # refuse before reading a stranger's body
+    try:
+        body = await read_body(receive, content_length, gateway.settings.server.max_body_bytes)
+    except ClientDisconnected:
+        return
+    extras, body = split_extras(body)
+    dropped = {b"content-length", *((REQUEST_ID_HEADER,) if extras.request_id is not None else ())}
+    headers = [(name, value) for name, value in headers if name not in dropped]
+    headers.append((b"content-length", str(len(body)).encode()))
+    if extras.request_id is not None:
+        headers.append((REQUEST_ID_HEADER, extras.request_id.encode()))
+    call = CachedCall(enable_caching=extras.enable_caching, label=extras.cache_key)
+    decorator = AnswerDecorator(send, call, started, extras.request_id)
+    token = CURRENT_CALL.set(call)
+    try:
+        await handle_generation(
+            gateway, operation, {**scope, "headers": headers}, _replaying(body, receive), decorator.send
+        )
+    finally:
+        CURRENT_CALL.reset(token)
+
+
+def split_extras(body: bytes) -> tuple[CacheExtras, bytes]:
+    """The extras and the body without them. A body that is not a JSON object is returned unchanged
+    (the generation handler then answers the right error)."""
+    try:
+        fields = _object_decoder.decode(body)
+    except msgspec.DecodeError:
+        return CacheExtras(), body
+    present = {name: fields.pop(name) for name in EXTRA_FIELDS if name in fields}
+    try:
+        extras = msgspec.convert(present, CacheExtras)
+    except msgspec.ValidationError as exc:
+        message, param = split_validation_error(str(exc))
+        raise ApiError(400, f"Invalid request: {message}", param=param, code="invalid_value") from None
+    return extras, (msgspec.json.encode(fields) if present else body)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands over `body` once, then the client's own messages (disconnects)."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,114 @@
+"""`CacheLayer`: the cache of one gateway app, built from its settings.
+
+cache = CacheLayer.from_settings(settings, telemetry.prometheus, router)
+gateway = Gateway(..., cache=cache.step)                     # the request path's step
+Litestar([..., *cache.handlers(gateway)], lifespan=[..., cache.lifespan])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.handlers import BaseRouteHandler
+
+from cachelayer.disk import CacheDirLockedError
+from cachelayer.responses import ResponseCache
+from cachelayer.stats import StoreSnapshot
+from cachelayer.tiers import TieredStore
+from proxy.cache import metrics
+from proxy.cache.admin_routes import admin_handlers
+from proxy.cache.cached_routes import cached_handlers
+from proxy.cache.config import ContextCacheConfig, cache_config
+from proxy.cache.counters import CacheMonitor
+from proxy.cache.settings import CacheSettings, CacheSettingsError
+from proxy.cache.step import ResponseCacheStep
+from proxy.config import SettingsError
+from proxy.gateway import Gateway
+from proxy.router import Router
+from proxy.settings import Settings
+from proxy.telemetry.prometheus import MetricsRegistry
+
+logger = logging.getLogger("radixgate.cache")
+
+
+class CacheLayer:
+    """Owns the response cache's store, its counters and its routes."""
+
+    def __init__(
+        self,
+        config: ContextCacheConfig,
+        settings: CacheSettings,
+        responses: ResponseCache | None,
+        monitor: CacheMonitor,
+        router: Router,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.responses = responses
+        self.monitor = monitor
+        self.router = router
+        self.step = ResponseCacheStep(responses, monitor)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, registry: MetricsRegistry | None, router: Router
+    ) -> CacheLayer:
+        """Open the store (and its L3 directory) and register the metrics when monitoring is on.
+
+        Raises `SettingsError` naming the key when the configuration is invalid or the directory unusable.
+        """
+        try:
+            config = cache_config(settings)
+        except CacheSettingsError as exc:  # settings built in code skip `load_settings`'s check
+            raise SettingsError(f"invalid setting {exc.key}: {exc.message}") from exc
+        responses = None
+        if settings.cache.response_cache:
+            try:
+                store = TieredStore.from_config(config.response_store(settings.cache))
+            except (OSError, CacheDirLockedError) as exc:
+                raise SettingsError(f"invalid setting cache.dir: {exc}") from exc
+            responses = ResponseCache(store, share_across_tenants=settings.cache.share_across_tenants)
+        elif settings.cache.dir is not None:
+            logger.warning("cache.dir is set but the response cache is off; nothing is written there")
+        monitoring = config.monitoring
+        monitor = CacheMonitor(
+            trend_interval_s=monitoring.collection_interval_seconds, sample_trends=monitoring.enabled
+        )
+        layer = cls(config, settings.cache, responses, monitor, router)
+        if registry is not None and monitoring.enabled:
+            monitor.profile = metrics.register(
+                registry,
+                layer.store_stats,
+                monitor,
+                router,
+                detailed_profiling=monitoring.detailed_profiling,
+            )
+        return layer
+
+    def store_stats(self) -> StoreSnapshot | None:
+        """The response store's counters, None when the response cache is off."""
+        return self.responses.stats() if self.responses is not None else None
+
+    async def store_stats_async(self) -> StoreSnapshot | None:
+        """`store_stats` off the loop when a tier may be busy with I/O under the store's lock."""
+        if self.responses is not None and self.responses.blocking:
+            return await asyncio.to_thread(self.responses.stats)
+        return self.store_stats()
+
+    def handlers(self, gateway: Gateway) -> list[BaseRouteHandler]:
+        """The cached generation endpoints and the cache management endpoints."""
+        return [*cached_handlers(gateway), *admin_handlers(gateway, self)]
+
+    @asynccontextmanager
+    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
+        """On shutdown: finish storing answers in flight, then close the store's files and connections."""
+        try:
+            yield
+        finally:
+            await self.step.drain()
+            if self.responses is not None:
+                await asyncio.to_thread(self.responses.close)

@@ -1,0 +1,142 @@
+"""The cache's sections of `radixgate.toml`: `[cache]` and the seed's `[kv_cache]`, `[speculative]`,
+`[sliding_window]` and `[monitoring]`.
+
+    [cache]
+    preset = "production"          # or "development" (the default)
+    dir = "/var/cache/radixgate"   # L3 disk tier; `radixgate serve --cache-dir DIR` sets it
+
+    [kv_cache]                     # any key left out takes the preset's value
+    l1_capacity = 5000
+    eviction_policy = "Adaptive"
+
+Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
+take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]` and
+`[sliding_window]` are parsed and validated, but radixgate implements neither feature: `/v1/cache/stats`
+says so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from cachelayer.policies import POLICY_NAMES
+
+PresetName = Literal["development", "production"]
+WritePolicy = Literal["write_back", "write_through"]
+"""`cachelayer.tiers.WRITE_POLICIES`."""
+
+DEFAULT_PRESET: PresetName = "development"
+DEFAULT_WRITE_POLICY: WritePolicy = "write_through"
+"""Every stored answer reaches L3 at once, so it survives a restart (write-back would keep it in memory
+until evicted)."""
+DEFAULT_REDIS_PREFIX = "radixgate:responses:"
+
+Entries = Annotated[int, msgspec.Meta(ge=1)]
+Bytes = Annotated[int, msgspec.Meta(ge=1)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+BeamWidth = Annotated[int, msgspec.Meta(ge=2, le=16)]
+"""The seed's range: 2-16 beams."""
+WindowSize = Annotated[int, msgspec.Meta(ge=64, le=1024)]
+"""The seed's range: 64-1024 tokens."""
+Probability = Annotated[float, msgspec.Meta(gt=0, le=1)]
+
+
+class CacheSettingsError(ValueError):
+    """A cache setting that is wrong in combination with another; `key` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+class CacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[cache]`: which preset, where L3 lives, and the response cache's switches."""
+
+    preset: PresetName = DEFAULT_PRESET
+    """`development` or `production`: the budgets of `ContextCacheConfig.development()` or
+    `.production_optimized()`; keys set in `[kv_cache]` etc. override single values."""
+    dir: Path | None = None
+    """Directory of the L3 disk tier (created if missing); None keeps the cache in memory only."""
+    response_cache: bool = True
+    """Serve repeated deterministic requests from the exact-match response cache."""
+    share_across_tenants: bool = False
+    """Let every tenant hit every other tenant's cached answers (off: each tenant has its own)."""
+    write_policy: WritePolicy = DEFAULT_WRITE_POLICY
+    """`write_through` (every tier at once; survives restarts) or `write_back` (demote on eviction)."""
+    redis_url: str | None = None
+    """`redis://host:port/db` of a Redis shared by gateway replicas; None: no Redis tier."""
+    redis_key_prefix: str = DEFAULT_REDIS_PREFIX
+    """Namespace of this deployment's keys in Redis (`POST /v1/cache/clear` deletes only these)."""
+
+
+class KvCacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[kv_cache]` (the seed's multi-level cache), mapped onto the tiered store's L1/L2/L3."""
+
+    l1_capacity: Entries | None = None
+    """Most entries in L1 (hot, uncompressed memory)."""
+    l2_capacity: Entries | None = None
+    """Most entries in L2 (larger, zstd-compressed memory)."""
+    max_memory_bytes: Bytes | None = None
+    """Bytes L1 and L2 may hold together, split between them in proportion to their capacities."""
+    persistent_bytes: Bytes | None = None
+    """Bytes the L3 disk tier may hold (when a `[cache] dir` is set)."""
+    eviction_policy: str | None = None
+    """`lru`, `lfu`, `fifo` or `adaptive` (case-insensitive; the seed writes `Adaptive`)."""
+    ttl_seconds: PositiveSeconds | None = None
+    """Seconds a cached entry lives."""
+    compress_l2: bool | None = None
+    """zstd-compress L2 values."""
+
+
+class SpeculativeSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[speculative]`: validated and reported in `/v1/cache/stats`; speculative decoding is not built."""
+
+    beam_width: BeamWidth | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    top_p: Probability | None = None
+
+
+class SlidingWindowSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[sliding_window]`: validated and reported in `/v1/cache/stats`; sliding-window attention is not
+    built."""
+
+    window_size: WindowSize | None = None
+    window_overlap: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Tokens two windows share; must be smaller than `window_size`."""
+    use_flash_attention: bool | None = None
+
+
+class MonitoringSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[monitoring]`: the cache's Prometheus series and the trend samples of `/v1/cache/stats`."""
+
+    enabled: bool | None = None
+    """Export the cache's series on `/metrics` and sample trends."""
+    collection_interval_seconds: PositiveSeconds | None = None
+    """Seconds between two trend samples."""
+    detailed_profiling: bool | None = None
+    """Also time every cache lookup and store into `radixgate_cache_operation_seconds`."""
+
+
+def check_cache_settings(
+    kv_cache: KvCacheSettings, sliding_window: SlidingWindowSettings, window_size: int
+) -> None:
+    """Raise `CacheSettingsError` for values msgspec's per-field checks let through.
+
+    `window_size` is the effective one (the preset's when `[sliding_window]` does not set it).
+    """
+    policy = kv_cache.eviction_policy
+    if policy is not None and policy.lower() not in POLICY_NAMES:
+        raise CacheSettingsError(
+            "kv_cache.eviction_policy", f"expected one of {', '.join(POLICY_NAMES)}, got {policy!r}"
+        )
+    overlap = sliding_window.window_overlap
+    if overlap is not None and overlap >= window_size:
+        raise CacheSettingsError(
+            "sliding_window.window_overlap",
+            f"must be smaller than window_size ({window_size}), got {overlap}",
+        )

@@ -1,0 +1,339 @@
+"""`GET /v1/cache/stats`: the seed's document, filled from live counters only.
+
+Rates are percentages (0-100), as in the seed. Field meanings where the seed leaves them open:
+
+- `cache_manager.kv_cache`: the tiered store behind the response cache (radixgate's multi-level
+  cache); `l1_hits`/`l2_hits`/`l3_hits` count lookups answered by that tier; `remote_hits` by Redis.
+- `cache_manager.radix_tree`: the routing trees (the router's picture of each engine's prefix cache)
+  and, where an engine reports its own radix cache (the embedded engine), that engine's figures.
+  `prefix_matches` = prompt tokens the trees predicted cached, `sharing_hits` = prompt tokens the
+  engines reported served from their prefix caches, `active_prefixes` = tree nodes,
+  `avg_prefix_length` = tokens per node. `memory_saved` is null: the gateway cannot know an upstream
+  engine's KV bytes per token.
+- `speculation`, `sliding_window`: radixgate implements neither; `implemented: false`, every figure 0,
+  and the configured values from `[speculative]` / `[sliding_window]`.
+- `overall.efficiency_score` is null (radixgate defines no such score); `background_tasks_active`
+  is false (trend samples are taken on requests, nothing runs in the background).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from cachelayer.stats import StoreSnapshot, TierSnapshot
+from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
+from proxy.cache.counters import CacheCounters, CacheMonitor
+from proxy.router import Router
+from proxy.routing.pool import WorkerPool
+
+FULL_FRACTION = 0.95
+"""A tier holding at least this fraction of its byte budget, and evicting, raises an `info` alert."""
+NOT_IMPLEMENTED = "radixgate does not implement this feature; the figures are zero, not measured"
+
+
+class PrefixCacheFigures(Protocol):
+    """What an engine with its own radix cache reports (`adapters.local.EngineStats` has these)."""
+
+    cached_tokens: int
+    cache_hit_tokens: int
+    cache_query_tokens: int
+
+
+@runtime_checkable
+class ReportsPrefixCache(Protocol):
+    def stats(self) -> PrefixCacheFigures | None:
+        """The engine's prefix-cache figures, None before it started."""
+        ...
+
+
+class TierStats(msgspec.Struct, kw_only=True):
+    name: str
+    kind: str
+    policy: str
+    queries: int
+    hits: int
+    misses: int
+    puts: int
+    evictions: int
+    expirations: int
+    errors: int
+    bytes: int | None
+    entries: int | None
+    capacity_bytes: int | None
+
+
+class KvCacheStats(msgspec.Struct, kw_only=True):
+    contents: str = "responses"
+    hits: int
+    misses: int
+    hit_rate: float
+    memory_bytes: int
+    disk_bytes: int
+    evictions: int
+    l1_hits: int
+    l2_hits: int
+    l3_hits: int
+    remote_hits: int
+    tiers: list[TierStats]
+
+
+class ResponseCacheStats(msgspec.Struct, kw_only=True):
+    enabled: bool
+    share_across_tenants: bool
+    hits: int
+    misses: int
+    refreshes: int
+    bypasses: int
+    stores: int
+    not_stored: int
+    hit_rate: float
+
+
+class EngineRadixStats(msgspec.Struct, kw_only=True):
+    worker: str
+    cached_tokens: int
+    hit_tokens: int
+    query_tokens: int
+    hit_rate: float
+
+
+class WorkerTreeStats(msgspec.Struct, kw_only=True):
+    worker: str
+    tree_tokens: int
+    tree_nodes: int
+    predicted_cached_tokens: int
+    reported_cached_tokens: int
+
+
+class RadixTreeStats(msgspec.Struct, kw_only=True):
+    implemented: bool = True
+    prefix_matches: int
+    sharing_hits: int
+    memory_saved: int | None = None
+    active_prefixes: int
+    avg_prefix_length: float
+    tree_tokens: int
+    tree_memory_bytes: int
+    workers: list[WorkerTreeStats]
+    engines: list[EngineRadixStats]
+
+
+class SpeculationStats(msgspec.Struct, kw_only=True):
+    implemented: bool = False
+    note: str = NOT_IMPLEMENTED
+    hits: int = 0
+    misses: int = 0
+    hit_rate: float = 0.0
+    tokens_generated: int = 0
+    avg_depth: float = 0.0
+    early_stops: int = 0
+    configured: SpeculativeConfig
+
+
+class SlidingWindowStats(msgspec.Struct, kw_only=True):
+    implemented: bool = False
+    note: str = NOT_IMPLEMENTED
+    hits: int = 0
+    misses: int = 0
+    hit_rate: float = 0.0
+    memory_bytes: int = 0
+    evictions: int = 0
+    utilization: float = 0.0
+    configured: SlidingWindowConfig
+
+
+class CacheManagerStats(msgspec.Struct, kw_only=True):
+    kv_cache: KvCacheStats
+    response_cache: ResponseCacheStats
+    radix_tree: RadixTreeStats
+    speculation: SpeculationStats
+    sliding_window: SlidingWindowStats
+
+
+class OverallStats(msgspec.Struct, kw_only=True):
+    hit_rate: float
+    total_memory_bytes: int
+    operations_per_second: float
+    avg_response_time_us: float
+    efficiency_score: float | None = None
+    background_tasks_active: bool = False
+
+
+class Alert(msgspec.Struct, kw_only=True):
+    level: str
+    """"warning" or "info"."""
+    source: str
+    message: str
+
+
+class TrendSample(msgspec.Struct, kw_only=True):
+    at: float
+    lookups: int
+    hits: int
+
+
+class Trends(msgspec.Struct, kw_only=True):
+    window_seconds: float
+    interval_seconds: float
+    data_points: int
+    samples: list[TrendSample]
+
+
+class CacheStatsResponse(msgspec.Struct, kw_only=True):
+    """The whole `GET /v1/cache/stats` document."""
+
+    preset: str
+    cache_manager: CacheManagerStats
+    overall: OverallStats
+    alerts: list[Alert]
+    trends: Trends
+
+
+def percent(fraction: float) -> float:
+    return round(100.0 * fraction, 2)
+
+
+def build_stats(
+    config: ContextCacheConfig,
+    preset: str,
+    store: StoreSnapshot | None,
+    monitor: CacheMonitor,
+    router: Router,
+    *,
+    enabled: bool,
+    shared: bool,
+) -> CacheStatsResponse:
+    """The stats document from the store snapshot, the counters and the router's live state."""
+    tiers = store.tiers if store is not None else ()
+    radix = radix_stats(router)
+    memory = sum(t.bytes or 0 for t in tiers if t.kind == "memory")
+    total = monitor.total
+    mean_lookup = monitor.lookup_seconds / monitor.timed_lookups if monitor.timed_lookups else 0.0
+    return CacheStatsResponse(
+        preset=preset,
+        cache_manager=CacheManagerStats(
+            kv_cache=_kv_cache(store, tiers),
+            response_cache=_response_cache(total, enabled=enabled, shared=shared),
+            radix_tree=radix,
+            speculation=SpeculationStats(configured=config.speculative),
+            sliding_window=SlidingWindowStats(configured=config.sliding_window),
+        ),
+        overall=OverallStats(
+            hit_rate=percent(total.hit_rate),
+            total_memory_bytes=memory + radix.tree_memory_bytes,
+            operations_per_second=round(monitor.lookups_per_second(), 3),
+            avg_response_time_us=round(mean_lookup * 1e6, 2),
+        ),
+        alerts=alerts(tiers),
+        trends=Trends(
+            window_seconds=monitor.trend_window_s,
+            interval_seconds=monitor.trend_interval_s,
+            data_points=len(monitor.trend),
+            samples=[TrendSample(at=p.at, lookups=p.lookups, hits=p.hits) for p in monitor.trend],
+        ),
+    )
+
+
+def _kv_cache(store: StoreSnapshot | None, tiers: tuple[TierSnapshot, ...]) -> KvCacheStats:
+    by_name = {tier.name: tier for tier in tiers}
+    return KvCacheStats(
+        hits=store.hits if store is not None else 0,
+        misses=store.misses if store is not None else 0,
+        hit_rate=percent(store.hit_rate) if store is not None else 0.0,
+        memory_bytes=sum(t.bytes or 0 for t in tiers if t.kind == "memory"),
+        disk_bytes=sum(t.bytes or 0 for t in tiers if t.kind == "disk"),
+        evictions=sum(t.evictions for t in tiers),
+        l1_hits=by_name["l1"].hits if "l1" in by_name else 0,
+        l2_hits=by_name["l2"].hits if "l2" in by_name else 0,
+        l3_hits=by_name["l3"].hits if "l3" in by_name else 0,
+        remote_hits=sum(t.hits for t in tiers if t.kind == "redis"),
+        tiers=[TierStats(**asdict(tier)) for tier in tiers],
+    )
+
+
+def _response_cache(total: CacheCounters, *, enabled: bool, shared: bool) -> ResponseCacheStats:
+    return ResponseCacheStats(
+        enabled=enabled,
+        share_across_tenants=shared,
+        hits=total.hits,
+        misses=total.misses,
+        refreshes=total.refreshes,
+        bypasses=total.bypasses,
+        stores=total.stores,
+        not_stored=total.not_stored,
+        hit_rate=percent(total.hit_rate),
+    )
+
+
+def radix_stats(router: Router) -> RadixTreeStats:
+    """Routing trees of a `WorkerPool`, plus engines that report their own radix cache."""
+    workers = router.workers() if isinstance(router, WorkerPool) else []
+    trees = [
+        WorkerTreeStats(
+            worker=w.id,
+            tree_tokens=w.tree.total_tokens,
+            tree_nodes=w.tree.node_count,
+            predicted_cached_tokens=w.predicted_tokens,
+            reported_cached_tokens=w.reported_cached_tokens,
+        )
+        for w in workers
+    ]
+    engines: list[EngineRadixStats] = []
+    for worker in workers:
+        figures = worker.engine.stats() if isinstance(worker.engine, ReportsPrefixCache) else None
+        if figures is not None:
+            queried = figures.cache_query_tokens
+            engines.append(
+                EngineRadixStats(
+                    worker=worker.id,
+                    cached_tokens=figures.cached_tokens,
+                    hit_tokens=figures.cache_hit_tokens,
+                    query_tokens=queried,
+                    hit_rate=percent(figures.cache_hit_tokens / queried) if queried else 0.0,
+                )
+            )
+    tokens = sum(t.tree_tokens for t in trees)
+    nodes = sum(t.tree_nodes for t in trees)
+    return RadixTreeStats(
+        prefix_matches=sum(t.predicted_cached_tokens for t in trees),
+        sharing_hits=sum(t.reported_cached_tokens for t in trees),
+        active_prefixes=nodes,
+        avg_prefix_length=round(tokens / nodes, 2) if nodes else 0.0,
+        tree_tokens=tokens,
+        tree_memory_bytes=sum(w.tree_memory_bytes() for w in workers),
+        workers=trees,
+        engines=engines,
+    )
+
+
+def alerts(tiers: tuple[TierSnapshot, ...]) -> list[Alert]:
+    """Conditions an operator should see, from the tiers' counters now."""
+    found: list[Alert] = []
+    for tier in tiers:
+        if tier.errors:
+            what = "failed calls" if tier.kind == "redis" else "corrupt or unwritable entries"
+            found.append(
+                Alert(
+                    level="warning",
+                    source=tier.name,
+                    message=f"{tier.errors} {what} so far, answered as misses",
+                )
+            )
+        full = (
+            tier.capacity_bytes
+            and tier.bytes is not None
+            and tier.bytes >= FULL_FRACTION * tier.capacity_bytes
+        )
+        if full and tier.evictions:
+            found.append(
+                Alert(
+                    level="info",
+                    source=tier.name,
+                    message=f"tier is full ({tier.bytes} of {tier.capacity_bytes} bytes); "
+                    f"{tier.evictions} entries evicted so far",
+                )
+            )
+    return found

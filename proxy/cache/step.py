@@ -1,0 +1,303 @@
+"""The response-cache step of the request path, between authentication and forwarding.
+
+`ResponseCacheStep.respond` wraps the handler's `forward(send)` (which routes, calls the engine and
+answers as JSON or SSE) and decides, per request:
+
+    bypass   the cache takes no part: caching is off, the request is sampled (temperature not 0
+             and no seed), `Cache-Control: no-store`, or `enable_caching: false` on a cached endpoint
+    hit      a stored answer is replayed: the same JSON body, or the same SSE chunks then `[DONE]`;
+             the engine is not called
+    miss     the engine answers; a complete answer (status 200, every choice finished, no error
+             event, not cut by a disconnect) is stored, in a task that runs once the handler has
+             returned. `Cache-Control: no-cache` skips the lookup but still stores, so it
+             refreshes the entry.
+
+Every answer carries `x-radixgate-cache: hit|miss|bypass`. Recording happens at the ASGI `send`
+level, so what is stored is exactly what the client received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypeVar
+
+import msgspec
+
+from adapters.base import EngineRequest
+from adapters.schema import probe_response
+from adapters.sse import DONE, SSEDecoder
+from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
+from proxy.asgi_types import Message, Send
+from proxy.cache.counters import CacheCounters, CacheMonitor
+from proxy.errors import JSON
+from proxy.streaming import DONE_EVENT, SSE_HEADERS, sse_event
+
+logger = logging.getLogger("radixgate.cache")
+
+Outcome = Literal["hit", "miss", "bypass"]
+Forward = Callable[[Send], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
+
+CACHE_HEADER = b"x-radixgate-cache"
+_CACHE_CONTROL = b"cache-control"
+
+
+@dataclass(slots=True)
+class CachedCall:
+    """What a `/v1/cached/*` request asked of the cache, and what the step decided.
+
+    The step fills in the outcome and timings *before* the answer's first byte, so the endpoint can
+    decorate the answer as it passes.
+    """
+
+    enable_caching: bool = True
+    label: str | None = None
+    """The request's `cache_key`: opts a sampled request in and partitions entries."""
+    outcome: Outcome = "bypass"
+    cache_started: float | None = None
+    """`perf_counter()` when the lookup began (None when there was none)."""
+    lookup_s: float = 0.0
+    """Seconds the lookup took."""
+    forward_started: float | None = None
+    """`perf_counter()` when forwarding to the engine began (None on a hit)."""
+    tenant: CacheCounters = field(default_factory=CacheCounters)
+    """The caller's tenant's live counters."""
+
+
+CURRENT_CALL: ContextVar[CachedCall | None] = ContextVar("radixgate_cached_call", default=None)
+"""Set by the cached endpoints around the generation handler; None on the plain OpenAI routes."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Plan:
+    key: bytes
+    lookup: bool
+
+
+class ResponseCacheStep:
+    """See the module docstring. `cache` None means the response cache is off (every answer: bypass)."""
+
+    __slots__ = ("_pending", "cache", "monitor")
+
+    def __init__(self, cache: ResponseCache | None, monitor: CacheMonitor | None = None) -> None:
+        self.cache = cache
+        self.monitor = monitor or CacheMonitor()
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def respond(
+        self, request: EngineRequest, request_headers: Headers, headers: Headers, send: Send, forward: Forward
+    ) -> None:
+        """Answer `request` from the cache, or through `forward(send)` (recording it on a miss).
+
+        `headers` are the response headers `forward` will send; the cache header is added to them.
+        """
+        call = CURRENT_CALL.get()
+        counters = self.monitor.tenant(request.tenant_id)
+        if call is not None:
+            call.tenant = counters
+        plan = self._plan(request, request_headers, call)
+        if plan is None:
+            headers.append((CACHE_HEADER, b"bypass"))
+            self.monitor.count(counters, "bypasses")
+            await self._forward(forward, send, call, "bypass")
+            return
+        started = time.perf_counter()
+        stored = await self.get(plan.key) if plan.lookup else None
+        if plan.lookup:
+            self.monitor.lookup_done(time.perf_counter() - started)
+        if call is not None:
+            call.cache_started, call.lookup_s = started, time.perf_counter() - started
+        if stored is not None and stored.streamed == request.stream:
+            headers.append((CACHE_HEADER, b"hit"))
+            self.monitor.count(counters, "hits")
+            if call is not None:
+                call.outcome = "hit"
+            await _replay(send, stored, headers)
+            return
+        headers.append((CACHE_HEADER, b"miss"))
+        self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
+        recorder = _Recorder(send)
+        await self._forward(forward, recorder.send, call, "miss")
+        # Stored after the handler returns, so the answer's end (and its server span) is not delayed.
+        task = asyncio.get_running_loop().create_task(
+            self._store_answer(plan.key, recorder, request.stream, counters)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def drain(self) -> None:
+        """Wait for answers still being stored (before the store is closed)."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    async def _store_answer(
+        self, key: bytes, recorder: _Recorder, streamed: bool, counters: CacheCounters
+    ) -> None:
+        started = time.perf_counter()
+        response = recorder.response(streamed)
+        if response is None:
+            self.monitor.count(counters, "not_stored")
+        elif await self.put(key, response):
+            self.monitor.count(counters, "stores")
+            self.monitor.store_done(time.perf_counter() - started)
+
+    def key_for(self, request: EngineRequest, label: str | None = None) -> bytes | None:
+        """The cache key of `request`, or None when the response cache is off."""
+        if self.cache is None:
+            return None
+        try:
+            return self.cache.key(
+                request.raw_body,
+                model=request.model,
+                operation=request.operation,
+                streamed=request.stream,
+                tenant_salt=request.cache_salt,
+                label=label,
+            )
+        except ValueError:
+            return None  # the route decoded it already; a body it accepts is always a JSON object
+
+    async def get(self, key: bytes) -> StoredResponse | None:
+        """The stored answer under `key`; a store that fails is logged and answers None (a miss)."""
+        if self.cache is None:
+            return None
+        try:
+            return await self._run(self.cache.get, key)
+        except Exception:  # the cache must never fail a request: a broken store is a miss
+            logger.exception("response cache lookup failed")
+            return None
+
+    async def put(self, key: bytes, response: StoredResponse) -> bool:
+        """Store `response` (weighed by its completion tokens); False when the store failed."""
+        cache = self.cache
+        if cache is None:
+            return False
+
+        def put() -> None:
+            cache.put(key, response, cost=max(1.0, float(response.completion_tokens)))
+
+        try:
+            await self._run(put)
+        except Exception:
+            logger.exception("response cache store failed")
+            return False
+        return True
+
+    def _plan(
+        self, request: EngineRequest, request_headers: Headers, call: CachedCall | None
+    ) -> _Plan | None:
+        """The key to use and whether to look it up; None to bypass the cache."""
+        if self.cache is None or (call is not None and not call.enable_caching):
+            return None
+        label = call.label if call is not None else None
+        params = request.params
+        if label is None and not is_deterministic(params.temperature, params.seed):
+            return None
+        lookup = True
+        for name, value in request_headers:
+            if name == _CACHE_CONTROL:
+                directives = {part.strip().lower() for part in value.split(b",")}
+                if b"no-store" in directives:
+                    return None
+                if b"no-cache" in directives:
+                    lookup = False
+        key = self.key_for(request, label)
+        return None if key is None else _Plan(key=key, lookup=lookup)
+
+    @staticmethod
+    async def _forward(forward: Forward, send: Send, call: CachedCall | None, outcome: Outcome) -> None:
+        if call is not None:
+            call.outcome, call.forward_started = outcome, time.perf_counter()
+        await forward(send)
+
+    async def _run(self, function: Callable[..., T], *args: Any) -> T:
+        """Memory-only stores answer in microseconds on the loop; disk and Redis go to a thread."""
+        assert self.cache is not None
+        if self.cache.blocking:
+            return await asyncio.to_thread(function, *args)
+        return function(*args)
+
+
+async def _replay(send: Send, stored: StoredResponse, headers: Headers) -> None:
+    """Send a stored answer: one JSON body, or every chunk as an SSE event then `[DONE]`."""
+    if stored.streamed:
+        body = b"".join([*(sse_event(chunk) for chunk in stored.chunks), DONE_EVENT])
+        start = [*SSE_HEADERS, *headers]
+    else:
+        body = stored.body
+        start = [*headers, (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": start})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Recorder:
+    """Passes ASGI messages through and keeps a copy of the answer."""
+
+    __slots__ = ("_next", "finished", "parts", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._next = send
+        self.status = 0
+        self.parts: list[bytes] = []
+        self.finished = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = message["status"]
+        elif kind == "http.response.body":
+            self.parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.finished = True
+        await self._next(message)
+
+    def response(self, streamed: bool) -> StoredResponse | None:
+        """The answer to store, or None when it failed, was cut, or is not complete."""
+        if self.status != 200 or not self.finished:
+            return None
+        if not streamed:
+            body = b"".join(self.parts)
+            tokens = complete_answer([body])
+            return None if tokens is None else StoredResponse.json_body(body, *tokens)
+        decoder = SSEDecoder()
+        events = [event for part in self.parts for event in decoder.feed(part)] + decoder.flush()
+        if not events or events[-1].data != DONE:
+            return None
+        chunks = [event.data for event in events[:-1]]
+        tokens = complete_answer(chunks)
+        return None if tokens is None else StoredResponse.stream(chunks, *tokens)
+
+
+class AnswerTokens(NamedTuple):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def complete_answer(payloads: list[bytes]) -> AnswerTokens | None:
+    """Token counts when `payloads` (a body, or a stream's chunks) are a whole, error-free answer:
+    no error object, and every choice that appears has a finish reason. None otherwise."""
+    seen: set[int] = set()
+    finished: set[int] = set()
+    tokens = AnswerTokens(0, 0)
+    for payload in payloads:
+        try:
+            probe = probe_response(payload)
+        except msgspec.DecodeError:
+            return None
+        if probe.error is not None:
+            return None
+        for choice in probe.choices:
+            seen.add(choice.index)
+            if choice.finish_reason:
+                finished.add(choice.index)
+        if probe.usage is not None:
+            tokens = AnswerTokens(probe.usage.prompt_tokens, probe.usage.completion_tokens)
+    if not seen or seen != finished:
+        return None
+    return tokens

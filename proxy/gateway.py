@@ -1,0 +1,30 @@
+"""What every route handler of one app shares."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from proxy.auth import Authenticator
+from proxy.cache.step import ResponseCacheStep
+from proxy.forwarding import Forwarder
+from proxy.router import Router
+from proxy.settings import Settings
+from proxy.telemetry import Telemetry
+
+
+@dataclass(slots=True)
+class Gateway:
+    """The router, forwarder, authenticator and telemetry of one app, plus its live counters."""
+
+    settings: Settings
+    router: Router
+    forwarder: Forwarder
+    auth: Authenticator
+    telemetry: Telemetry
+    version: str
+    started_at: float = field(default_factory=time.monotonic)
+    active_requests: int = 0
+    """Generation requests being served right now (`GET /health`)."""
+    cache: ResponseCacheStep = field(default_factory=lambda: ResponseCacheStep(None))
+    """The response-cache step of the request path (`proxy.cache`); the default caches nothing."""

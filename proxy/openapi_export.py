@@ -1,0 +1,243 @@
+"""The OpenAPI 3.1 description of the gateway, built from the same Structs the routes use.
+
+`make openapi` writes it to `openapi.yaml`; `tests/proxy/test_openapi.py` fails when the file
+and this builder disagree, or when the app serves a path or method the document does not list.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import msgspec
+
+from adapters.schema import ChatCompletionRequest, CompletionRequest
+from proxy import __version__
+from proxy.cache.admin_routes import CACHE_CLEAR_PATH, CACHE_STATS_PATH, CACHE_WARM_PATH, ClearResult
+from proxy.cache.cached_routes import CACHED_CHAT_PATH, CACHED_COMPLETIONS_PATH, CacheExtras
+from proxy.cache.decorate import CacheStatsExtra, PerformanceExtra
+from proxy.cache.stats import CacheStatsResponse
+from proxy.cache.warm import WarmRequest, WarmResult
+from proxy.errors import ErrorResponse
+from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH
+from proxy.routes.health import HEALTH_PATH, LIVE_PATH, READY_PATH
+from proxy.routes.models import MODELS_PATH
+from proxy.routing.admin import RemovedWorker, WorkerList, WorkerStatus
+from proxy.routing.config import WorkerSpec
+from proxy.schemas import HealthStatus, LiveStatus, ModelList, ReadyStatus
+
+METRICS_PATH = "/metrics"
+ADMIN_WORKERS_PATH = "/admin/workers"
+_REF = "#/components/schemas/{name}"
+_ERRORS = {
+    "400": "Malformed JSON or an invalid field (`param` names it)",
+    "401": "Missing or wrong API key (when keys are configured)",
+    "404": "Unknown model (`model_not_found`)",
+    "405": "Wrong method",
+    "409": "A worker with that id is already in the pool",
+    "413": "Request body too large",
+    "429": "The upstream's rate limit, relayed",
+    "502": "Upstream unreachable or failed",
+    "503": "No healthy worker, or the engine is overloaded",
+    "504": "Upstream timeout",
+}
+
+
+def build_openapi() -> dict[str, Any]:
+    """The whole document as plain data."""
+    _, schemas = msgspec.json.schema_components(
+        [
+            ChatCompletionRequest,
+            CompletionRequest,
+            ModelList,
+            HealthStatus,
+            ReadyStatus,
+            LiveStatus,
+            ErrorResponse,
+            CacheExtras,
+            CacheStatsExtra,
+            PerformanceExtra,
+            CacheStatsResponse,
+            ClearResult,
+            WarmRequest,
+            WarmResult,
+            WorkerList,
+            WorkerSpec,
+            WorkerStatus,
+            RemovedWorker,
+        ],
+        ref_template=_REF,
+    )
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas["Cached" + request] = {
+            "description": "The OpenAI request plus the seed's cache extras (removed before forwarding).",
+            "allOf": [_ref(request), _ref("CacheExtras")],
+        }
+    schemas["GenerationResponse"] = {
+        "type": "object",
+        "description": "OpenAI's ChatCompletion or Completion object, relayed unchanged from the engine.",
+        "required": ["id", "object", "created", "model", "choices"],
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "radixgate",
+            "version": __version__,
+            "description": "OpenAI-compatible gateway for self-hosted LLM engines. Request fields not listed "
+            "here are accepted and reach OpenAI-compatible upstreams unchanged.",
+        },
+        "paths": {
+            CHAT_PATH: {
+                "post": _generation(
+                    "createChatCompletion", "Create a chat completion", "ChatCompletionRequest"
+                )
+            },
+            COMPLETIONS_PATH: {
+                "post": _generation("createCompletion", "Create a text completion", "CompletionRequest")
+            },
+            CACHED_CHAT_PATH: {
+                "post": _generation(
+                    "createCachedChatCompletion",
+                    "Chat completion with the cache extras: `cache_stats`, `performance`, `request_id`",
+                    "CachedChatCompletionRequest",
+                )
+            },
+            CACHED_COMPLETIONS_PATH: {
+                "post": _generation(
+                    "createCachedCompletion",
+                    "Text completion with the cache extras: `cache_stats`, `performance`, `request_id`",
+                    "CachedCompletionRequest",
+                )
+            },
+            CACHE_STATS_PATH: {
+                "get": _get(
+                    "cacheStats", "Cache statistics from live counters", "CacheStatsResponse", ("401",)
+                )
+            },
+            CACHE_CLEAR_PATH: {
+                "post": _get(
+                    "clearCache",
+                    "Empty the response cache, routing trees and engine caches",
+                    "ClearResult",
+                    ("401",),
+                )
+            },
+            CACHE_WARM_PATH: {
+                "post": {
+                    **_get("warmCache", "Run requests to fill the caches", "WarmResult", ("400", "401")),
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("WarmRequest")}},
+                    },
+                }
+            },
+            MODELS_PATH: {"get": _get("listModels", "List the models the gateway serves", "ModelList")},
+            HEALTH_PATH: {"get": _get("health", "Gateway health, workers and memory", "HealthStatus")},
+            READY_PATH: {
+                "get": _get(
+                    "ready", "200 when every model has a healthy worker", "ReadyStatus", errors=("503",)
+                )
+            },
+            LIVE_PATH: {"get": _get("live", "200 while the process serves HTTP", "LiveStatus")},
+            METRICS_PATH: {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {"description": "Prometheus text format", "content": {"text/plain": {}}}
+                    },
+                }
+            },
+            ADMIN_WORKERS_PATH: {
+                "get": _get(
+                    "listWorkers", "Every worker: health, circuit, load, routing tree", "WorkerList", ("401",)
+                ),
+                "post": {
+                    **_get(
+                        "addWorker",
+                        "Add a worker while the gateway runs",
+                        "WorkerStatus",
+                        ("400", "401", "409"),
+                    ),
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("WorkerSpec")}},
+                    },
+                },
+            },
+            ADMIN_WORKERS_PATH + "/{worker_id}": {
+                "delete": {
+                    **_get(
+                        "removeWorker",
+                        "Stop routing to a worker (202 while it drains)",
+                        "RemovedWorker",
+                        ("401", "404"),
+                    ),
+                    "parameters": [
+                        {"name": "worker_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                }
+            },
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _error_responses(statuses: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        status: {
+            "description": _ERRORS[status],
+            "content": {"application/json": {"schema": _ref("ErrorResponse")}},
+        }
+        for status in statuses
+    }
+
+
+def _generation(operation_id: str, summary: str, request: str) -> dict[str, Any]:
+    return {
+        "operationId": operation_id,
+        "summary": summary,
+        "security": [{"apiKey": []}, {}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {
+            "200": {
+                "description": "The completion as JSON, or with `stream: true` Server-Sent Events: "
+                "`data: {chunk}` per chunk, then `data: [DONE]`; a failure after the first chunk "
+                'is one `data: {"error": ...}` event before `[DONE]`.',
+                "content": {
+                    "application/json": {"schema": _ref("GenerationResponse")},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **_error_responses(tuple(_ERRORS)),
+        },
+    }
+
+
+def _get(operation_id: str, summary: str, schema: str, errors: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "operationId": operation_id,
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+            **_error_responses(errors),
+        },
+    }
+
+
+def main() -> None:
+    """Print the document as YAML (PyYAML comes with the `dev` extra)."""
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(build_openapi(), sort_keys=False, allow_unicode=True, width=100))
+
+
+if __name__ == "__main__":
+    main()

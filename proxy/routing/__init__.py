@@ -1,0 +1,15 @@
+"""Routing over many engine workers: the `proxy.router.Router` the request path uses.
+
+    config        WorkerSpec, PoolSettings and their knobs (DEFAULT_* next to each)
+    pool          WorkerPool (the Router) and PoolLease; run-time add, remove and drain
+    worker        one worker's load, health, breaker and approximate prefix tree
+    policies      round_robin, random, power_of_two, least_load, session
+    cache_aware   the default policy and its cost function
+    prompts       request -> salted token ids (tokenizing.py, gguf_vocab.py: where they come from)
+    health        active health checks; breaker: per-worker circuit breaker
+    observe       Prometheus series and a span per decision; admin: /admin/workers
+    registry      policies by name, adapters by worker kind; from_settings: Settings -> WorkerPool
+    launch        worker processes: `--workers N`, `--launch-sglang`
+
+See docs/routing.md.
+"""

@@ -1,0 +1,155 @@
+"""Settings of the worker pool: the workers, the routing policy and the resilience knobs.
+
+`PoolSettings` is read from `[routing]` in radixgate.toml (and `RADIXGATE_ROUTING__*`) and the CLI
+(`--policy NAME`); a `WorkerSpec` from `[[workers]]`, `--worker KIND=URL` or a `POST /admin/workers`
+body.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+WorkerKind = Literal["sglang", "vllm", "openai", "local"]
+PolicyName = Literal["cache_aware", "round_robin", "random", "power_of_two", "least_load", "session"]
+
+POLICY_NAMES: tuple[PolicyName, ...] = (
+    "cache_aware",
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_load",
+    "session",
+)
+WORKER_KINDS: tuple[WorkerKind, ...] = ("sglang", "vllm", "openai", "local")
+
+DEFAULT_POLICY: PolicyName = "cache_aware"
+DEFAULT_WEIGHT = 1.0
+DEFAULT_CAPACITY_TOKENS = 262_144
+"""KV capacity assumed for a worker whose engine does not report one (tokens)."""
+DEFAULT_EXPECTED_OUTPUT_TOKENS = 256
+"""Output length assumed for a request without `max_tokens` when estimating queued work."""
+
+DEFAULT_MATCH_THRESHOLD = 0.1
+DEFAULT_PREFILL_WEIGHT = 2.0
+DEFAULT_DECODE_WEIGHT = 0.25
+DEFAULT_PREFILL_HOLD_S = 1.0
+DEFAULT_IMBALANCE_ABS_TOKENS = 65_536
+DEFAULT_IMBALANCE_REL = 2.0
+DEFAULT_TREE_TTL_S = 600.0
+DEFAULT_EVICT_HEADROOM = 0.1
+
+DEFAULT_HEALTH_INTERVAL_S = 2.0
+DEFAULT_HEALTH_TIMEOUT_S = 2.0
+DEFAULT_HEALTH_FAILURE_THRESHOLD = 2
+DEFAULT_HEALTH_SUCCESS_THRESHOLD = 1
+
+DEFAULT_BREAKER_FAILURE_THRESHOLD = 3
+DEFAULT_BREAKER_COOLDOWN_S = 5.0
+DEFAULT_BREAKER_MAX_COOLDOWN_S = 60.0
+
+DEFAULT_DRAIN_TIMEOUT_S = 300.0
+
+
+class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One engine worker behind the gateway."""
+
+    url: str
+    """Base URL of the engine, e.g. `http://10.0.0.5:30000` (ignored for `local`)."""
+    kind: WorkerKind = "openai"
+    """Wire protocol: `sglang`, `vllm`, `openai` (any OpenAI-compatible server) or `local` (embedded)."""
+    id: str | None = None
+    """Stable name in metrics and the admin API; defaults to `KIND@HOST:PORT`."""
+    models: list[str] = msgspec.field(default_factory=list)
+    """Models this worker serves; empty means every configured model."""
+    weight: float = DEFAULT_WEIGHT
+    """Relative capacity: a worker of weight 2 is given twice the load before it looks as busy."""
+    max_concurrency: int | None = None
+    """In-flight requests above which the worker is skipped; None means no local limit."""
+    capacity_tokens: int | None = None
+    """KV capacity in tokens that sizes its routing tree; None asks the engine (SGLang, vLLM) or
+    uses the default."""
+    api_key: str | None = None
+    """Bearer token for the engine, if it requires one."""
+
+    def __post_init__(self) -> None:
+        if self.weight <= 0:
+            raise ValueError("worker weight must be > 0")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("worker max_concurrency must be >= 1")
+        if self.kind != "local" and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"worker url must start with http:// or https://, got {self.url!r}")
+
+
+class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Knobs of the `cache_aware` policy (see `proxy.routing.cache_aware` for the cost function)."""
+
+    match_threshold: float = DEFAULT_MATCH_THRESHOLD
+    """Below this best match ratio (matched / prompt tokens) the least-loaded worker is chosen."""
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    """Cost of one uncached prompt token, relative to one token of queued work. 2: in a full cache a
+    miss costs its prefill and also evicts another prefix, which is recomputed later."""
+    decode_weight: float = DEFAULT_DECODE_WEIGHT
+    """Queued work of one expected output token, relative to one prefill token. Small, because decode
+    work is done somewhere whatever the choice: it only measures imbalance."""
+    prefill_hold_s: float = DEFAULT_PREFILL_HOLD_S
+    """Seconds a dispatched request's uncached prompt counts as queued work (about the time a prompt
+    waits for and spends in prefill); its expected output counts until the request ends."""
+    imbalance_abs_tokens: int = DEFAULT_IMBALANCE_ABS_TOKENS
+    """A worker whose queued work exceeds the least-loaded one's by more than this ..."""
+    imbalance_rel: float = DEFAULT_IMBALANCE_REL
+    """... and by more than this factor is not considered, whatever its match."""
+    tree_ttl_s: float = DEFAULT_TREE_TTL_S
+    """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
+    expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS
+    """Output length assumed when a request sets no `max_tokens`."""
+
+
+class HealthSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Active health checks."""
+
+    interval_s: float = DEFAULT_HEALTH_INTERVAL_S
+    """Seconds between two checks of one worker."""
+    timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
+    """Seconds one check may take before it counts as failed."""
+    failure_threshold: int = DEFAULT_HEALTH_FAILURE_THRESHOLD
+    """Consecutive failed checks that mark a worker down."""
+    success_threshold: int = DEFAULT_HEALTH_SUCCESS_THRESHOLD
+    """Consecutive good checks that bring a down worker back."""
+
+
+class BreakerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Circuit breaker per worker, fed by the outcome of real requests."""
+
+    failure_threshold: int = DEFAULT_BREAKER_FAILURE_THRESHOLD
+    """Consecutive failed requests that open the circuit."""
+    cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S
+    """Seconds the circuit stays open before one trial request is let through."""
+    max_cooldown_s: float = DEFAULT_BREAKER_MAX_COOLDOWN_S
+    """Cap of the cooldown, which doubles each time a trial request fails."""
+
+
+class PoolSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How requests are spread over the worker pool, and how failing workers are handled."""
+
+    policy: PolicyName = DEFAULT_POLICY
+    """Routing policy: cache_aware, round_robin, random, power_of_two, least_load or session."""
+    tokenizers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Per model: a tokenizer.json path, a directory holding one, a .gguf file, or "engine"
+    (ask the worker's `/tokenize`). Models not listed are routed on UTF-8 bytes."""
+    cache_aware: CacheAwareSettings = msgspec.field(default_factory=CacheAwareSettings)
+    health: HealthSettings = msgspec.field(default_factory=HealthSettings)
+    breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    """Seconds a removed worker may finish its in-flight requests before it is closed anyway."""
+
+
+def parse_worker_arg(value: str) -> WorkerSpec:
+    """`KIND=URL` from `--worker` (a bare URL means `openai`)."""
+    kind, sep, url = value.partition("=")
+    if not sep:
+        kind, url = "openai", value
+    if kind not in WORKER_KINDS:
+        raise ValueError(f"--worker {value!r}: kind must be one of {', '.join(WORKER_KINDS)}")
+    return WorkerSpec(kind=kind, url=url)

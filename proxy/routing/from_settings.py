@@ -1,0 +1,121 @@
+"""The gateway's `Settings` turned into a `WorkerPool`: upstream workers, or the embedded engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from adapters.base import Engine
+from proxy.routing.config import HealthSettings, PoolSettings, WorkerSpec
+from proxy.routing.launch import DEFAULT_STARTUP_TIMEOUT_S, Launcher
+from proxy.routing.pool import WorkerPool
+from proxy.routing.registry import http_engine_factory, worker_id_of
+from proxy.settings import Settings, WorkerSettings
+
+if TYPE_CHECKING:
+    from proxy.telemetry import Telemetry
+
+LOCAL_WORKER_ID = "local"
+
+
+def pool_settings(settings: Settings) -> PoolSettings:
+    """The pool's knobs from `[routing]` (and the health timeout from `[upstream_client]`)."""
+    routing = settings.routing
+    return PoolSettings(
+        policy=routing.policy,
+        tokenizers=dict(routing.tokenizers),
+        cache_aware=routing.cache_aware,
+        health=HealthSettings(
+            interval_s=routing.health_interval_s,
+            timeout_s=settings.upstream_client.health_timeout_s,
+            failure_threshold=routing.health_failure_threshold,
+            success_threshold=routing.health_success_threshold,
+        ),
+        breaker=routing.breaker,
+        drain_timeout_s=routing.drain_timeout_s,
+    )
+
+
+def worker_spec(worker: WorkerSettings) -> WorkerSpec:
+    """A configured upstream worker as the pool's `WorkerSpec`."""
+    return WorkerSpec(
+        url=worker.url,
+        kind=worker.kind,
+        id=worker.id,
+        models=list(worker.models),
+        weight=worker.weight,
+        max_concurrency=worker.max_concurrency,
+        capacity_tokens=worker.capacity_tokens,
+        api_key=worker.api_key,
+    )
+
+
+def build_pool(settings: Settings, telemetry: Telemetry | None = None) -> WorkerPool:
+    """Upstream workers when any are configured, otherwise one embedded-engine worker."""
+
+    def local_engine(spec: WorkerSpec) -> Engine:
+        # Imported here: the embedded engine pulls in torch, which an upstream-only gateway never needs.
+        from adapters.local import create_local_engine
+
+        return create_local_engine(settings.local_engine)
+
+    if settings.workers:
+        specs = _unique_ids([worker_spec(worker) for worker in settings.workers])
+    else:
+        model = settings.local_engine.model_id
+        specs = [WorkerSpec(kind="local", url="local://embedded", id=LOCAL_WORKER_ID, models=[model])]
+    models = [model for spec in specs for model in spec.models]
+    return WorkerPool(
+        models,
+        specs,
+        pool_settings(settings),
+        engine_factory=http_engine_factory(settings.upstream_client, local_engine),
+        metrics=telemetry.prometheus if telemetry is not None else None,
+        tracer=telemetry.tracer if telemetry is not None else None,
+    )
+
+
+def _unique_ids(specs: list[WorkerSpec]) -> list[WorkerSpec]:
+    """Give each spec an id, suffixing `#2`, `#3` when two workers would share one."""
+    taken: set[str] = set()
+    named = []
+    for spec in specs:
+        base = spec.id or worker_id_of(spec)
+        candidate, suffix = base, 2
+        while candidate in taken:
+            candidate, suffix = f"{base}#{suffix}", suffix + 1
+        taken.add(candidate)
+        named.append(msgspec.structs.replace(spec, id=candidate))
+    return named
+
+
+def child_worker_toml(settings: Settings) -> str:
+    """The config of a launched embedded-engine worker: the parent's `[local_engine]` and log level."""
+    lines = ["[server]", f"log_level = {json.dumps(settings.server.log_level)}", "", "[local_engine]"]
+    for name, value in dataclasses.asdict(settings.local_engine).items():
+        if value is not None:
+            lines.append(f"{name} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
+    return "\n".join(lines) + "\n"
+
+
+def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
+    """Start the worker processes `[routing]` asks for, wait until they are healthy, and return the
+    settings with them added to `workers`."""
+    routing = settings.routing
+    added: list[WorkerSettings] = []
+    if routing.local_workers:
+        started = launcher.start_local(routing.local_workers, child_worker_toml(settings))
+        launcher.wait_healthy(started, DEFAULT_STARTUP_TIMEOUT_S)
+        model = settings.local_engine.model_id
+        added += [WorkerSettings(url=w.url, kind="openai", models=[model]) for w in started]
+    if routing.launch_sglang is not None:
+        started = launcher.start_sglang(routing.launch_sglang)
+        launcher.wait_healthy(started, routing.launch_sglang.startup_timeout_s)
+        added += [WorkerSettings(url=w.url, kind="sglang") for w in started]
+    if not added:
+        return settings
+    return msgspec.structs.replace(settings, workers=[*settings.workers, *added])

@@ -1,0 +1,137 @@
+"""Active health checks of every worker, and what the engines report while at it.
+
+Each round checks all workers concurrently (`Engine.check_health`, bounded by `timeout_s`).
+`failure_threshold` consecutive failures mark a worker down: its circuit opens and its tree is
+dropped (a restarted engine has an empty cache). `success_threshold` consecutive successes bring
+it back: the circuit closes. Engines that report their KV capacity (SGLang `max_total_num_tokens`)
+size the worker's tree the first time they are seen up; engines with `/metrics` refresh their load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from adapters.engine_metrics import ListsModels, ReportsCapacity, ReportsLoad
+from proxy.routing.config import HealthSettings
+from proxy.routing.worker import Worker
+
+logger = logging.getLogger("radixgate.routing.health")
+
+
+@dataclass(slots=True)
+class _Streak:
+    successes: int = 0
+    failures: int = 0
+
+
+@dataclass(slots=True)
+class HealthMonitor:
+    """Polls workers in the background; `check_all` also runs on demand (start-up, tests)."""
+
+    settings: HealthSettings
+    workers: Callable[[], Iterable[Worker]]
+    on_change: Callable[[Worker], None] = lambda worker: None
+    tree_ttl_s: float | None = None
+    _streaks: dict[str, _Streak] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start polling every `interval_s`."""
+        self._task = asyncio.create_task(self._poll(), name="radixgate-routing-health")
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def check_all(self) -> None:
+        """One round: check every worker now."""
+        await asyncio.gather(*(self.check(worker) for worker in list(self.workers())))
+
+    async def check(self, worker: Worker) -> None:
+        """Check one worker and apply the thresholds."""
+        ok = await self._probe(worker)
+        streak = self._streaks.setdefault(worker.id, _Streak())
+        if ok:
+            streak.successes, streak.failures = streak.successes + 1, 0
+            if worker.health != "up" and (
+                worker.health == "unknown" or streak.successes >= self.settings.success_threshold
+            ):
+                await self._came_up(worker)
+        else:
+            streak.successes, streak.failures = 0, streak.failures + 1
+            # A worker never seen up is down at its first failure; a known-good one gets the threshold.
+            if worker.health == "unknown" or (
+                worker.health == "up" and streak.failures >= self.settings.failure_threshold
+            ):
+                self._went_down(worker)
+        if self.tree_ttl_s is not None:
+            worker.tree.evict_expired(self.tree_ttl_s)
+
+    def forget(self, worker_id: str) -> None:
+        """Drop the streak of a removed worker."""
+        self._streaks.pop(worker_id, None)
+
+    async def _probe(self, worker: Worker) -> bool:
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                ok = await worker.engine.check_health()
+                if ok and isinstance(worker.engine, ReportsLoad):
+                    load = await worker.engine.load()
+                    worker.engine_load = {
+                        key: value
+                        for key, value in (
+                            ("running", load.running),
+                            ("waiting", load.waiting),
+                            ("kv_usage", load.kv_usage),
+                            ("cache_hit_rate", load.cache_hit_rate),
+                        )
+                        if value is not None
+                    }
+                return ok
+        except Exception as exc:  # any failure of a probe only means "not healthy now"
+            logger.debug("health check of %s failed: %r", worker.id, exc)
+            return False
+
+    async def _came_up(self, worker: Worker) -> None:
+        was_down = worker.health == "down"
+        worker.health = "up"
+        worker.breaker.reset()
+        if was_down:
+            worker.forget()
+        logger.info("worker %s is up", worker.id)
+        if not worker.spec.models and isinstance(worker.engine, ListsModels):
+            try:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    worker.discovered_models = await worker.engine.list_models()
+            except Exception as exc:  # the worker then serves whatever model it is asked for
+                logger.debug("models of %s unknown: %r", worker.id, exc)
+        if worker.spec.capacity_tokens is None and isinstance(worker.engine, ReportsCapacity):
+            try:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    capacity = await worker.engine.kv_capacity_tokens()
+            except Exception as exc:  # capacity is an optimisation; the default still works
+                logger.debug("capacity of %s unknown: %r", worker.id, exc)
+                capacity = None
+            if capacity:
+                worker.set_capacity(capacity, "engine")
+        self.on_change(worker)
+
+    def _went_down(self, worker: Worker) -> None:
+        worker.health = "down"
+        worker.breaker.trip()
+        worker.forget()
+        logger.warning("worker %s is down", worker.id)
+        self.on_change(worker)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_s)
+            await self.check_all()

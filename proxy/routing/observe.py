@@ -1,0 +1,144 @@
+"""Making routing visible: Prometheus series per worker and policy, and a span per decision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from proxy.routing.policies import Decision
+from proxy.routing.worker import Worker
+from proxy.telemetry import semconv
+from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
+
+DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+"""Seconds; a decision should take well under a millisecond, tokenizing excluded."""
+
+
+class _WorkerGauges:
+    """Reads per-worker state at scrape time instead of updating gauges on every request."""
+
+    def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        specs = (
+            (
+                semconv.ROUTING_WORKER_IN_FLIGHT_METRIC,
+                "Requests in flight per worker.",
+                lambda w: w.in_flight,
+            ),
+            (
+                semconv.ROUTING_WORKER_QUEUED_WORK_METRIC,
+                "Queued work per worker, in tokens (uncached prompt plus weighted output).",
+                lambda w: w.queued_work,
+            ),
+            (
+                semconv.ROUTING_WORKER_TREE_TOKENS_METRIC,
+                "Tokens in the worker's routing tree.",
+                lambda w: w.tree.total_tokens,
+            ),
+            (
+                semconv.ROUTING_WORKER_UP_METRIC,
+                "1 when the worker's health checks pass.",
+                lambda w: w.health == "up",
+            ),
+            (
+                semconv.ROUTING_WORKER_BREAKER_OPEN_METRIC,
+                "1 when the worker's circuit breaker is open.",
+                lambda w: w.breaker.state == "open",
+            ),
+        )
+        workers = list(self._workers())
+        for name, documentation, read in specs:
+            family = GaugeMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
+            for worker in workers:
+                family.add_metric([worker.id], float(read(worker)))  # type: ignore[no-untyped-call]
+            yield family
+
+
+@dataclass(slots=True)
+class RoutingObserver:
+    """Counters and spans of the router; without a registry only spans are produced."""
+
+    tracer: Tracer
+    registry: MetricsRegistry | None = None
+
+    @classmethod
+    def create(
+        cls, registry: MetricsRegistry | None, tracer: Tracer | None, workers: Callable[[], Iterable[Worker]]
+    ) -> RoutingObserver:
+        """Register the series (once per registry) and pick the tracer."""
+        if registry is not None:
+            registry.add_collector(_WorkerGauges(workers))
+        return cls(tracer=tracer or trace.get_tracer(semconv.INSTRUMENTATION_SCOPE), registry=registry)
+
+    def decided(
+        self,
+        policy: str,
+        decision: Decision,
+        candidates: Sequence[Worker],
+        excluded: int,
+        prompt_tokens: int,
+        tokenizer: str,
+        seconds: float,
+    ) -> None:
+        """Record one decision: counters, a histogram and an INTERNAL span."""
+        worker_id = decision.worker.id
+        if self.registry is not None:
+            registry = self.registry
+            registry.counter(
+                semconv.ROUTING_DECISIONS_METRIC,
+                "Routing decisions by policy, worker and reason.",
+                ["policy", "worker", "reason"],
+            ).labels(policy, worker_id, decision.reason).inc()
+            registry.counter(
+                semconv.ROUTING_PROMPT_TOKENS_METRIC, "Prompt tokens routed per worker.", ["worker"]
+            ).labels(worker_id).inc(prompt_tokens)
+            registry.counter(
+                semconv.ROUTING_MATCH_TOKENS_METRIC,
+                "Prompt tokens the worker's tree predicted cached.",
+                ["worker"],
+            ).labels(worker_id).inc(decision.match_tokens)
+            registry.histogram(
+                semconv.ROUTING_DECISION_SECONDS_METRIC,
+                "Seconds per routing decision (tokenizing excluded).",
+                ["policy"],
+                buckets=DECISION_BUCKETS,
+            ).labels(policy).observe(seconds)
+        span = self.tracer.start_span(semconv.ROUTING_SPAN_NAME, kind=SpanKind.INTERNAL)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    semconv.ROUTING_POLICY: policy,
+                    semconv.ROUTING_WORKER_ID: worker_id,
+                    semconv.ROUTING_REASON: decision.reason,
+                    semconv.ROUTING_PROMPT_TOKENS: prompt_tokens,
+                    semconv.ROUTING_MATCH_TOKENS: decision.match_tokens,
+                    semconv.ROUTING_CANDIDATES: len(candidates),
+                    semconv.ROUTING_EXCLUDED: excluded,
+                    semconv.ROUTING_WORKER_LOADS: ",".join(f"{w.id}={w.queued_work:.0f}" for w in candidates),
+                    semconv.ROUTING_TOKENIZER: tokenizer,
+                }
+            )
+        span.end()
+
+    def failed(self, worker_id: str) -> None:
+        """Count a failed attempt on a worker."""
+        if self.registry is not None:
+            self.registry.counter(
+                semconv.ROUTING_FAILURES_METRIC, "Failed attempts per worker.", ["worker"]
+            ).labels(worker_id).inc()
+
+    def no_worker(self, model: str) -> None:
+        """Count a request for which no worker was available."""
+        if self.registry is not None:
+            self.registry.counter(
+                semconv.ROUTING_NO_WORKER_METRIC,
+                "Requests refused because no worker was available.",
+                ["model"],
+            ).labels(model).inc()

@@ -1,0 +1,166 @@
+"""Token ids of a request for the routing trees: templated, tokenized, salted by tenant.
+
+Each model gets its tokenizer from `PoolSettings.tokenizers` (see `proxy.routing.tokenizing`);
+"engine" asks a worker's `/tokenize`; anything that fails falls back to UTF-8 bytes for that request.
+A non-empty tenant salt becomes one leading pseudo-token, so two tenants' identical prompts never
+share a path in any tree (the engines get the salt as `cache_salt` and do not share KV either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from adapters.base import EngineRequest
+from adapters.engine_metrics import Tokenizes
+from adapters.schema import ChatCompletionRequest
+from proxy.routing.tokenizing import (
+    ByteTokenizer,
+    ChatRenderer,
+    HFTokenizer,
+    load_chat_template,
+    load_tokenizer,
+    prompt_of,
+)
+from proxy.routing.worker import Worker
+
+logger = logging.getLogger("radixgate.routing.prompts")
+
+ENGINE_TOKENIZER = "engine"
+THREAD_TOKENIZE_CHARS = 16_384
+"""Longer prompts are tokenized off the event loop (`tokenizers` releases the GIL)."""
+_SALT_CACHE_SIZE = 1024
+SEGMENT_CACHE_ENTRIES = 4096
+"""Tokenized chat messages kept (LRU); system prompts and histories hit it again and again."""
+
+
+class PromptTokens:
+    """Per-model tokenizers and chat renderers, loaded lazily on first use."""
+
+    def __init__(self, tokenizers: Mapping[str, str], expected_output_tokens: int) -> None:
+        self._specs = dict(tokenizers)
+        self._expected_output_tokens = expected_output_tokens
+        self._local: dict[str, HFTokenizer | ByteTokenizer] = {}
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._bytes = ByteTokenizer()
+        self._salts: dict[str, int] = {}
+        self._segment_cache: OrderedDict[tuple[str, str], array[int]] = OrderedDict()
+
+    def kind(self, model: str) -> str:
+        """The tokenizer kind used for `model`, as `GET /admin/workers` reports it."""
+        spec = self._specs.get(model)
+        if spec == ENGINE_TOKENIZER:
+            return "engine"
+        return self._tokenizer(model).kind
+
+    def kinds(self, models: Sequence[str]) -> dict[str, str]:
+        """`kind` for each model."""
+        return {model: self.kind(model) for model in models}
+
+    def expected_output(self, request: EngineRequest) -> int:
+        """The request's output budget, or the configured default."""
+        limit = request.params.token_limit
+        return limit if limit is not None and limit > 0 else self._expected_output_tokens
+
+    async def tokens(self, request: EngineRequest, candidates: Sequence[Worker]) -> tuple[array[int], str]:
+        """Salted token ids of the request's templated prompt, and the tokenizer kind that made them."""
+        model = request.model
+        ids: Sequence[int] | None = request.prompt_token_ids
+        kind = "request"
+        if ids is None:
+            renderer = self._renderer(model)
+            segments = None
+            if (
+                isinstance(request.params, ChatCompletionRequest)
+                and self._specs.get(model) != ENGINE_TOKENIZER
+            ):
+                segments = renderer.segments(request.params.messages)
+            if segments is not None:
+                ids, kind = self._encode_segments(model, segments)
+            else:
+                prompt = prompt_of(request.params, renderer)
+                if isinstance(prompt, list):
+                    ids = prompt
+                else:
+                    ids, kind = await self._encode(model, prompt, candidates)
+        if isinstance(ids, array) and ids.typecode == "I":
+            body = ids  # already packed (benchmarks, callers that keep uint32 arrays): no copy
+        else:
+            try:
+                body = array("I", ids)  # ~20 ns per token: part of tokenizing, not of the decision
+            except OverflowError:  # negative or huge ids from a client: route on bytes instead
+                body = array("I", self._bytes.encode_now(str(list(ids))))
+        if request.cache_salt:
+            return array("I", (self._salt_token(request.cache_salt),)) + body, kind
+        return body, kind
+
+    async def _encode(self, model: str, text: str, candidates: Sequence[Worker]) -> tuple[Sequence[int], str]:
+        if self._specs.get(model) == ENGINE_TOKENIZER:
+            for worker in candidates:
+                if isinstance(worker.engine, Tokenizes):
+                    try:
+                        return await worker.engine.tokenize(text), "engine"
+                    except Exception as exc:  # the engine's tokenizer is an optimisation
+                        logger.debug("tokenize on %s failed: %r", worker.id, exc)
+                        break
+            return self._bytes.encode_now(text), "bytes"
+        tokenizer = self._tokenizer(model)
+        if len(text) > THREAD_TOKENIZE_CHARS and isinstance(tokenizer, HFTokenizer):
+            return await asyncio.to_thread(tokenizer.encode_now, text), tokenizer.kind
+        return tokenizer.encode_now(text), tokenizer.kind
+
+    def _encode_segments(self, model: str, segments: Sequence[str]) -> tuple[array[int], str]:
+        """Tokenize message by message through a cache: a system prompt or a conversation's history
+        repeats across requests and is tokenized once (a BPE merge never crosses a ChatML marker)."""
+        tokenizer = self._tokenizer(model)
+        cache = self._segment_cache
+        tokens = array("I")
+        for segment in segments:
+            key = (model, segment)
+            ids = cache.get(key)
+            if ids is None:
+                ids = array("I", tokenizer.encode_now(segment))
+                cache[key] = ids
+                if len(cache) > SEGMENT_CACHE_ENTRIES:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            tokens.extend(ids)
+        return tokens, tokenizer.kind
+
+    def _tokenizer(self, model: str) -> HFTokenizer | ByteTokenizer:
+        tokenizer = self._local.get(model)
+        if tokenizer is None:
+            spec = self._specs.get(model)
+            try:
+                tokenizer = load_tokenizer(None if spec == ENGINE_TOKENIZER else spec)
+            except (OSError, ValueError, RuntimeError) as exc:
+                logger.warning("tokenizer for %s unusable (%s); routing on UTF-8 bytes", model, exc)
+                tokenizer = self._bytes
+            self._local[model] = tokenizer
+        return tokenizer
+
+    def _renderer(self, model: str) -> ChatRenderer:
+        renderer = self._renderers.get(model)
+        if renderer is None:
+            spec = self._specs.get(model)
+            try:
+                renderer = ChatRenderer(load_chat_template(None if spec == ENGINE_TOKENIZER else spec))
+            except (OSError, ValueError, RuntimeError) as exc:
+                logger.warning("chat template for %s unusable (%s); using ChatML", model, exc)
+                renderer = ChatRenderer(None)
+            self._renderers[model] = renderer
+        return renderer
+
+    def _salt_token(self, salt: str) -> int:
+        token = self._salts.get(salt)
+        if token is None:
+            if len(self._salts) >= _SALT_CACHE_SIZE:
+                self._salts.clear()
+            token = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:4], "little")
+            self._salts[salt] = token
+        return token

@@ -1,0 +1,207 @@
+"""One worker's state as the router sees it: its engine, its load, its health and its prefix tree.
+
+The tree is an *approximation* of the engine's prefix cache: the router inserts each prompt it sends
+there, sizes the tree to the engine's KV capacity (LRU, leaf first, plus a TTL) and shrinks that size
+when the engine reports fewer cached tokens than the tree predicted, because then the engine is
+evicting sooner than the tree does.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from adapters.base import Engine
+from cachelayer.radix import RadixTree
+from proxy.routing.breaker import CircuitBreaker
+from proxy.routing.config import DEFAULT_EVICT_HEADROOM, BreakerSettings, WorkerSpec
+
+Health = Literal["unknown", "up", "down"]
+
+MIN_CAPACITY_FRACTION = 0.75
+"""The capacity estimate never shrinks below this fraction of the capacity: forgetting a prefix loses
+its affinity, which costs more than a wrong prediction (that one miss re-caches it on the same worker)."""
+SHRINK_FACTOR = 0.95
+GROW_FACTOR = 1.01
+MISPREDICTION_TOLERANCE = 0.05
+"""An over-prediction smaller than this fraction of the prompt is noise (page rounding, templates)..."""
+MISPREDICTION_MIN_TOKENS = 16
+"""... and so is one below a KV page (engines cache whole pages and always recompute the last token)."""
+
+
+@dataclass(slots=True)
+class InFlight:
+    """What the router charged a worker for one request it has not heard back about."""
+
+    prefill: float
+    """Uncached prompt tokens: pending prefill until `expires`, then done (no longer queued work)."""
+    decode: float
+    """Weighted expected output tokens: queued work until the request ends."""
+    expires: float
+    pending: bool = True
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """A worker in the pool."""
+
+    id: str
+    spec: WorkerSpec
+    engine: Engine
+    breaker: CircuitBreaker
+    capacity_tokens: int
+    """The KV capacity the tree is sized to (from config, the engine, or the default)."""
+    capacity_source: str
+    tree: RadixTree[None] = field(default_factory=RadixTree)
+    health: Health = "unknown"
+    draining: bool = False
+    in_flight: int = 0
+    queued_work: float = 0.0
+    capacity_estimate: float = 0.0
+    requests: int = 0
+    failures: int = 0
+    predicted_tokens: int = 0
+    reported_cached_tokens: int = 0
+    mispredictions: int = 0
+    discovered_models: list[str] = field(default_factory=list)
+    """Models the engine listed (`GET /v1/models`) when none were configured."""
+    engine_load: dict[str, float] = field(default_factory=dict)
+    _prefills: deque[InFlight] = field(default_factory=deque)
+    """The engine's own gauges from its `/metrics` (running, queued, cache hit rate), when it has them."""
+
+    @classmethod
+    def create(
+        cls,
+        worker_id: str,
+        spec: WorkerSpec,
+        engine: Engine,
+        breaker: BreakerSettings,
+        capacity_tokens: int,
+        capacity_source: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Worker:
+        """A worker with an empty tree that follows `clock` (for TTLs)."""
+        return cls(
+            id=worker_id,
+            spec=spec,
+            engine=engine,
+            breaker=CircuitBreaker(breaker, clock),
+            capacity_tokens=capacity_tokens,
+            capacity_source=capacity_source,
+            tree=RadixTree(clock=clock),
+            capacity_estimate=float(capacity_tokens),
+        )
+
+    @property
+    def weight(self) -> float:
+        return self.spec.weight
+
+    @property
+    def models(self) -> list[str]:
+        """Configured models, else the ones the engine listed."""
+        return self.spec.models or self.discovered_models
+
+    def serves(self, model: str) -> bool:
+        """True when the worker serves `model` (a worker with no known models serves all)."""
+        models = self.models
+        return not models or model in models
+
+    def available(self, *, ignore_breaker: bool = False) -> bool:
+        """May take a new request now: not draining, not down, below its limit, and (unless
+        `ignore_breaker`) its circuit not open."""
+        if self.draining or self.health == "down":
+            return False
+        limit = self.spec.max_concurrency
+        if limit is not None and self.in_flight >= limit:
+            return False
+        return ignore_breaker or self.breaker.allows()
+
+    @property
+    def load(self) -> float:
+        """Queued work divided by weight: what load-aware policies compare."""
+        return self.queued_work / self.spec.weight
+
+    def match(self, tokens: array[int]) -> int:
+        """Tokens of `tokens` the tree predicts the engine holds."""
+        return self.tree.match_prefix(tokens).length
+
+    def remember(self, tokens: array[int]) -> bool:
+        """Record that the engine will hold `tokens`; True when the tree has outgrown its capacity
+        estimate and needs a `trim` (which the pool runs after the decision, off the request's path)."""
+        self.tree.insert(tokens)
+        return self.tree.total_tokens > self.capacity_estimate
+
+    def trim(self) -> None:
+        """Evict least recently used prefixes until the tree is a margin below its capacity estimate;
+        the margin makes the (leaf-scanning) eviction run rarely."""
+        limit = int(self.capacity_estimate)
+        if self.tree.total_tokens > limit:
+            self.tree.evict(self.tree.total_tokens - int(limit * (1 - DEFAULT_EVICT_HEADROOM)))
+
+    def charge(self, prefill: float, decode: float, prefill_hold_s: float, now: float) -> InFlight:
+        """Count one dispatched request: its prefill stays queued work for `prefill_hold_s`, its decode
+        until it ends. (A prefill long done must not make a worker look busy for the request's whole life.)"""
+        self.in_flight += 1
+        self.requests += 1
+        self.queued_work += prefill + decode
+        self.breaker.on_dispatch()
+        charge = InFlight(prefill=prefill, decode=decode, expires=now + prefill_hold_s)
+        self._prefills.append(charge)
+        return charge
+
+    def expire_prefills(self, now: float) -> None:
+        """Drop prefills whose hold has passed (dispatch order is expiry order: one deque suffices)."""
+        prefills = self._prefills
+        while prefills and prefills[0].expires <= now:
+            charge = prefills.popleft()
+            if charge.pending:
+                charge.pending = False
+                self.queued_work = max(0.0, self.queued_work - charge.prefill)
+
+    def settle(self, charge: InFlight, *, failed: bool) -> None:
+        """Uncount a request that ended."""
+        self.in_flight -= 1
+        done = charge.decode + (charge.prefill if charge.pending else 0.0)
+        charge.pending = False
+        self.queued_work = max(0.0, self.queued_work - done)
+        if failed:
+            self.failures += 1
+        self.breaker.record(failed=failed)
+
+    def correct(self, prompt_tokens: int, predicted: int, cached: int) -> None:
+        """Compare the tree's prediction with the engine's `cached_tokens` and adapt the tree's size."""
+        self.predicted_tokens += predicted
+        self.reported_cached_tokens += cached
+        if predicted - cached > max(MISPREDICTION_MIN_TOKENS, MISPREDICTION_TOLERANCE * prompt_tokens):
+            self.mispredictions += 1
+            floor = MIN_CAPACITY_FRACTION * self.capacity_tokens
+            self.capacity_estimate = max(floor, self.capacity_estimate * SHRINK_FACTOR)
+            if self.tree.total_tokens > self.capacity_estimate:
+                self.tree.evict(self.tree.total_tokens - int(self.capacity_estimate))
+        else:
+            self.capacity_estimate = min(float(self.capacity_tokens), self.capacity_estimate * GROW_FACTOR)
+
+    def set_capacity(self, capacity_tokens: int, source: str) -> None:
+        """Resize the tree to a capacity the engine reported."""
+        self.capacity_tokens = capacity_tokens
+        self.capacity_source = source
+        self.capacity_estimate = float(capacity_tokens)
+        if self.tree.total_tokens > capacity_tokens:
+            self.tree.evict(self.tree.total_tokens - capacity_tokens)
+
+    def forget(self) -> None:
+        """Drop the whole tree (the engine restarted or flushed its cache)."""
+        self.tree.clear()
+
+    def tree_memory_bytes(self) -> int:
+        """Approximate bytes held by the tree: 4 per token key plus a fixed cost per node."""
+        return 4 * self.tree.total_tokens + NODE_OVERHEAD_BYTES * self.tree.node_count
+
+
+NODE_OVERHEAD_BYTES = 400
+"""Bytes per tree node beyond its 4-byte token keys: ~380 measured with tracemalloc on CPython 3.11
+(a `RadixNode`, its children dict, its key bytes object and the parent's dict entry), rounded up."""

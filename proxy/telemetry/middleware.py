@@ -1,0 +1,118 @@
+"""ASGI middleware: one SERVER span and the HTTP Prometheus series per request.
+
+Use it either in Litestar's `middleware=[...]` (it then sees only requests that matched a route)
+or around the whole app, `ServerSpanMiddleware(app=litestar_app, ...)`, to also see 404s and 405s.
+Either way the route template comes from Litestar's `scope["path_template"]`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from proxy.telemetry import propagation, semconv
+from proxy.telemetry.prometheus import GatewayMetrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+UNMATCHED_ROUTE = "unmatched"
+"""Prometheus `route` label of requests no route matched (keeps the label's cardinality bounded)."""
+
+
+class ServerSpanMiddleware:
+    """Wraps an ASGI app; every HTTP request gets a SERVER span that is current while it runs."""
+
+    __slots__ = ("app", "metrics", "tracer")
+
+    def __init__(self, app: ASGIApp, *, tracer: trace.Tracer, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.tracer = tracer
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        method: str = scope["method"]
+        parent = _remote_parent(scope["headers"])
+        span = self.tracer.start_span(
+            method,
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                semconv.HTTP_REQUEST_METHOD: method,
+                semconv.URL_PATH: scope["path"],
+                semconv.URL_SCHEME: scope.get("scheme", "http"),
+                semconv.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        error_type: str | None = None
+        try:
+            await self.app(scope, receive, send_status)
+        except BaseException as exc:
+            error_type = type(exc).__qualname__
+            if span.is_recording():
+                span.record_exception(exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            self.metrics.in_flight.dec()
+            route: str | None = scope.get("path_template")
+            self._finish(span, method, route, status, error_type)
+            self.metrics.count_request(
+                method, route or UNMATCHED_ROUTE, status or 500, time.perf_counter() - started
+            )
+
+    @staticmethod
+    def _finish(
+        span: trace.Span, method: str, route: str | None, status: int, error_type: str | None
+    ) -> None:
+        if not span.is_recording():
+            span.end()
+            return
+        span.update_name(semconv.server_span_name(method, route))
+        if route:
+            span.set_attribute(semconv.HTTP_ROUTE, route)
+        if status:
+            span.set_attribute(semconv.HTTP_RESPONSE_STATUS_CODE, status)
+        if error_type is None and status >= 500:
+            error_type = str(status)
+        if error_type is not None:
+            span.set_attribute(semconv.ERROR_TYPE, error_type)
+            span.set_status(trace.StatusCode.ERROR)
+        span.end()
+
+
+def _remote_parent(headers: list[tuple[bytes, bytes]]) -> otel_context.Context | None:
+    """The caller's trace context from `traceparent`/`tracestate`, or None (the common case)."""
+    traceparent: bytes | None = None
+    tracestate: bytes | None = None
+    for name, value in headers:
+        if name == b"traceparent":
+            traceparent = value
+        elif name == b"tracestate":
+            tracestate = value
+    if traceparent is None:
+        return None
+    return propagation.extract(
+        traceparent.decode("latin-1"), tracestate.decode("latin-1") if tracestate else None
+    )

@@ -1,0 +1,187 @@
+"""The Prometheus registry behind `GET /metrics`, and the gateway's own series.
+
+Each `Telemetry` owns one `MetricsRegistry` (not prometheus_client's global one, so several
+apps in one process never collide). Other parts of the gateway add their series through it:
+
+    hits = telemetry.prometheus.counter("cache_hits_total", "Response cache hits.", ["tier"])
+
+or register a collector that reads their state only when scraped (`add_collector`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+METRIC_PREFIX = "radixgate_"
+"""Every series radixgate exports starts with this."""
+
+DEFAULT_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+)
+"""Seconds; from sub-millisecond gateway work up to long generations."""
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+"""The classic Prometheus text format every scraper reads (Litestar appends the utf-8 charset)."""
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+class MetricsRegistry:
+    """A private Prometheus registry. Asking twice for the same name returns the same metric."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+
+    def counter(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
+        """A counter named `radixgate_<name>` (give `name` without the prefix)."""
+        metric = self._get(name, Counter)
+        if metric is None:
+            metric = Counter(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
+            self._metrics[name] = metric
+        return metric
+
+    def gauge(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Gauge:
+        """A gauge named `radixgate_<name>`."""
+        metric = self._get(name, Gauge)
+        if metric is None:
+            metric = Gauge(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
+            self._metrics[name] = metric
+        return metric
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_LATENCY_BUCKETS,
+    ) -> Histogram:
+        """A histogram named `radixgate_<name>`."""
+        metric = self._get(name, Histogram)
+        if metric is None:
+            metric = Histogram(
+                METRIC_PREFIX + name, documentation, labelnames, registry=self.registry, buckets=buckets
+            )
+            self._metrics[name] = metric
+        return metric
+
+    def add_collector(self, collector: Collector) -> None:
+        """Register a collector whose `collect()` runs at scrape time (for state read on demand)."""
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every series."""
+        return generate_latest(self.registry)
+
+    def _get(self, name: str, kind: type[_M]) -> _M | None:
+        metric = self._metrics.get(name)
+        if metric is None:
+            return None
+        if not isinstance(metric, kind):
+            raise ValueError(f"metric {name!r} is already registered as a {type(metric).__name__}")
+        return metric
+
+
+@dataclass(slots=True, frozen=True)
+class UpstreamSeries:
+    """The labelled children of one (model, provider, operation), resolved once and reused."""
+
+    success_duration: Histogram
+    error_duration: Histogram
+    time_to_first_chunk: Histogram
+    input_tokens: Counter
+    output_tokens: Counter
+    cache_read_tokens: Counter
+
+
+@dataclass(slots=True)
+class GatewayMetrics:
+    """The series the request path updates on every request.
+
+    `labels()` validates and locks on every call; the request path instead keeps the labelled
+    children it has resolved in small dicts (label sets are bounded by routes and models).
+    """
+
+    requests: Counter
+    """HTTP requests by method, route template and status code."""
+    request_duration: Histogram
+    """Seconds from the request's first byte to the response's last, by route."""
+    in_flight: Gauge
+    """HTTP requests being served now."""
+    upstream_duration: Histogram
+    """Seconds per upstream call by model, provider, operation and outcome."""
+    upstream_time_to_first_chunk: Histogram
+    """Seconds to the first streamed chunk of an upstream call."""
+    tokens: Counter
+    """Tokens reported by upstreams, by model and type (input, output, cache_read)."""
+    _request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = field(default_factory=dict)
+    _upstream_series: dict[tuple[str, str, str], UpstreamSeries] = field(default_factory=dict)
+
+    def count_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One finished HTTP request."""
+        series = self._request_series.get((method, route, status))
+        if series is None:
+            series = (self.requests.labels(method, route, str(status)), self.request_duration.labels(route))
+            self._request_series[(method, route, status)] = series
+        series[0].inc()
+        series[1].observe(seconds)
+
+    def upstream(self, model: str, provider: str, operation: str) -> UpstreamSeries:
+        """The series of upstream calls for one model, provider and operation."""
+        key = (model, provider, operation)
+        series = self._upstream_series.get(key)
+        if series is None:
+            series = UpstreamSeries(
+                success_duration=self.upstream_duration.labels(model, provider, operation, "success"),
+                error_duration=self.upstream_duration.labels(model, provider, operation, "error"),
+                time_to_first_chunk=self.upstream_time_to_first_chunk.labels(model, provider, operation),
+                input_tokens=self.tokens.labels(model, "input"),
+                output_tokens=self.tokens.labels(model, "output"),
+                cache_read_tokens=self.tokens.labels(model, "cache_read"),
+            )
+            self._upstream_series[key] = series
+        return series
+
+    @classmethod
+    def register(cls, registry: MetricsRegistry) -> GatewayMetrics:
+        return cls(
+            requests=registry.counter(
+                "http_requests_total", "HTTP requests served.", ["method", "route", "status"]
+            ),
+            request_duration=registry.histogram(
+                "http_request_duration_seconds", "HTTP request duration.", ["route"]
+            ),
+            in_flight=registry.gauge("http_requests_in_flight", "HTTP requests being served."),
+            upstream_duration=registry.histogram(
+                "upstream_request_duration_seconds",
+                "Upstream engine call duration.",
+                ["model", "provider", "operation", "outcome"],
+            ),
+            upstream_time_to_first_chunk=registry.histogram(
+                "upstream_time_to_first_chunk_seconds",
+                "Time to the first streamed chunk from the upstream engine.",
+                ["model", "provider", "operation"],
+            ),
+            tokens=registry.counter("tokens_total", "Tokens reported by engines.", ["model", "type"]),
+        )

@@ -1,0 +1,165 @@
+"""The disk tier: restarts, corruption, SIGKILL mid-write, the directory lock, budgets, and L3 in a store."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cachelayer.disk import CacheDirLockedError, DiskTier, DiskTierConfig
+from cachelayer.memory import MemoryTierConfig
+from cachelayer.tier import Entry
+from cachelayer.tiers import StoreConfig, TieredStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def payload(key: bytes, version: int, size: int) -> bytes:
+    """A value that names its own key and version, so any mix-up is detectable."""
+    head = version.to_bytes(4, "little") + size.to_bytes(4, "little")
+    body = b"".join(
+        hashlib.sha256(key + head + i.to_bytes(4, "little")).digest() for i in range(size // 32 + 1)
+    )
+    return head + body[:size]
+
+
+def is_intact(key: bytes, value: bytes) -> bool:
+    version, size = int.from_bytes(value[:4], "little"), int.from_bytes(value[4:8], "little")
+    return value == payload(key, version, size)
+
+
+def run_python(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO)
+
+
+def tier(path: Path, capacity: int = 1 << 30) -> DiskTier:
+    return DiskTier(DiskTierConfig(directory=path, capacity_bytes=capacity))
+
+
+def test_entries_survive_a_process_restart(tmp_path: Path) -> None:
+    writer = run_python(f"""
+        import time
+        from pathlib import Path
+        from cachelayer.disk import DiskTier, DiskTierConfig
+        from cachelayer.tier import Entry
+        from tests.cachelayer.test_disk import payload
+        disk = DiskTier(DiskTierConfig(directory=Path({str(tmp_path)!r})))
+        for i in range(20):
+            disk.put(b"key%d" % i, Entry(payload(b"key%d" % i, 1, 1000 * i), None, cost=float(i)))
+        disk.put(b"short-lived", Entry(b"x", time.time() + 3600))
+        disk.put(b"expired", Entry(b"x", time.time() - 1))
+    """)
+    assert writer.wait(timeout=60) == 0
+    disk = tier(tmp_path)
+    assert disk.stats().entries == 21  # the already-expired entry was dropped while indexing
+    for i in range(20):
+        got = disk.get(b"key%d" % i)
+        assert got is not None and got.data == payload(b"key%d" % i, 1, 1000 * i) and got.cost == i
+    live = disk.get(b"short-lived")
+    assert live is not None and live.expires_at is not None and live.expires_at > time.time()
+    assert disk.get(b"expired") is None
+
+
+def test_corrupt_or_truncated_files_are_misses_and_removed(tmp_path: Path) -> None:
+    disk = tier(tmp_path)
+    for name in (b"flip", b"cut", b"fine"):
+        disk.put(name, Entry(payload(name, 1, 5000), None))
+    flip, cut = disk._path(b"flip"), disk._path(b"cut")
+    raw = bytearray(flip.read_bytes())
+    raw[-100] ^= 0x01
+    flip.write_bytes(bytes(raw))
+    cut.write_bytes(cut.read_bytes()[:3000])
+    assert disk.get(b"flip") is None and not flip.exists()
+    assert disk.get(b"cut") is None and not cut.exists()
+    assert disk.stats().errors == 2
+    got = disk.get(b"fine")
+    assert got is not None and is_intact(b"fine", got.data)
+    disk.close()
+    (tmp_path / "ab").mkdir(exist_ok=True)
+    junk = tmp_path / "ab" / ("ab" + "0" * 62 + ".rgc")
+    junk.write_bytes(b"not a cache file")
+    (tmp_path / "tmp" / "half-written.tmp").write_bytes(b"partial")
+    reopened = tier(tmp_path)
+    assert not junk.exists() and not list((tmp_path / "tmp").iterdir())
+    assert reopened.stats().entries == 1
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 0.6, 0.9])
+def test_sigkill_mid_writes_never_leaves_a_wrong_entry(tmp_path: Path, delay_s: float) -> None:
+    writer = run_python(f"""
+        from pathlib import Path
+        from cachelayer.disk import DiskTier, DiskTierConfig
+        from cachelayer.tier import Entry
+        from tests.cachelayer.test_disk import payload
+        disk = DiskTier(DiskTierConfig(directory=Path({str(tmp_path)!r}), capacity_bytes=3_000_000))
+        version = 0
+        while True:
+            version += 1
+            for i in range(30):
+                key = b"key%d" % i
+                disk.put(key, Entry(payload(key, version, (version * 7919 + i * 104729) % 200_000), None))
+    """)
+    deadline = time.monotonic() + 30
+    while not any(tmp_path.glob("??/*.rgc")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    writer.send_signal(signal.SIGKILL)
+    assert writer.wait(timeout=30) == -signal.SIGKILL
+    disk = tier(tmp_path, capacity=3_000_000)  # the kernel released the dead writer's lock
+    found = 0
+    for i in range(30):
+        got = disk.get(b"key%d" % i)
+        if got is not None:
+            found += 1
+            assert is_intact(b"key%d" % i, got.data)
+    assert found > 0
+    assert disk.stats().errors == 0  # atomic renames: nothing half-written under a final name
+    assert (disk.stats().bytes or 0) <= 3_000_000
+
+
+def test_one_owner_per_directory(tmp_path: Path) -> None:
+    first = tier(tmp_path)
+    with pytest.raises(CacheDirLockedError, match="in use"):
+        tier(tmp_path)
+    first.close()
+    tier(tmp_path).close()
+
+
+def test_budget_evicts_files_and_shrinks_on_reopen(tmp_path: Path) -> None:
+    disk = tier(tmp_path, capacity=50_000)
+    for i in range(10):
+        disk.put(b"k%d" % i, Entry(payload(b"k%d" % i, 1, 9_000), None))
+    stats = disk.stats()
+    assert stats.bytes is not None and stats.bytes <= 50_000 and stats.evictions == 5
+    assert len(list(tmp_path.glob("??/*.rgc"))) == stats.entries == 5
+    assert disk.get(b"k0") is None and disk.get(b"k9") is not None
+    disk.close()
+    smaller = tier(tmp_path, capacity=20_000)
+    assert smaller.stats().entries == 2 and len(list(tmp_path.glob("??/*.rgc"))) == 2
+    assert disk.put(b"huge", Entry(b"x" * 100_000, None)) == [(b"huge", Entry(b"x" * 100_000, None))]
+
+
+def test_store_demotes_to_disk_and_finds_it_after_restart(tmp_path: Path) -> None:
+    config = StoreConfig(
+        l1=MemoryTierConfig(name="l1", capacity_bytes=3_000),
+        l2=MemoryTierConfig(name="l2", capacity_bytes=6_000, compress=True),
+        l3=DiskTierConfig(directory=tmp_path, capacity_bytes=1_000_000),
+    )
+    store = TieredStore.from_config(config)
+    for i in range(12):
+        store.put(b"k%d" % i, payload(b"k%d" % i, 1, 2_000))
+    assert store.stats().tiers[2].entries == 9  # L1 and L2 hold the newest 1 and 2; the rest went down
+    store.close()
+    store = TieredStore.from_config(config)
+    assert store.locate(b"k0") == "l3"
+    assert store.get(b"k0") == payload(b"k0", 1, 2_000)
+    assert [t.hits for t in store.stats().tiers] == [0, 0, 1]
+    assert store.get(b"k0") == payload(b"k0", 1, 2_000)
+    assert [t.hits for t in store.stats().tiers] == [1, 0, 1]  # promoted on the first hit
+    store.close()

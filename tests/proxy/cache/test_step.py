@@ -1,0 +1,140 @@
+"""The response-cache step over a memory store, driven with plain ASGI messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from adapters.base import EngineRequest
+from adapters.schema import ChatCompletionRequest
+from cachelayer.responses import ResponseCache
+from cachelayer.tiers import StoreConfig, TieredStore
+from proxy.asgi_types import Message, Send
+from proxy.cache.step import CACHE_HEADER, ResponseCacheStep, complete_answer
+
+CHUNKS = [
+    {
+        "id": "c1",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    },
+    {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
+    {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+]
+
+
+def request(stream: bool, **fields: Any) -> EngineRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0, "stream": stream}
+    body.update(fields)
+    raw = json.dumps(body).encode()
+    params = msgspec.json.decode(raw, type=ChatCompletionRequest)
+    return EngineRequest("chat", params, raw, "req", "tenant", "salt")
+
+
+class Upstream:
+    """A `forward` that sends a scripted answer and counts its calls."""
+
+    def __init__(self, events: list[bytes], *, status: int = 200, stream: bool = True) -> None:
+        self.events, self.status, self.stream, self.calls = events, status, stream, 0
+
+    async def __call__(self, send: Send) -> None:
+        self.calls += 1
+        content = b"text/event-stream" if self.stream else b"application/json"
+        await send(
+            {"type": "http.response.start", "status": self.status, "headers": [(b"content-type", content)]}
+        )
+        for number, event in enumerate(self.events):
+            last = number == len(self.events) - 1
+            await send({"type": "http.response.body", "body": event, "more_body": not last})
+
+
+def sse(*payloads: Any) -> list[bytes]:
+    return [b"data: " + json.dumps(p).encode() + b"\n\n" for p in payloads] + [b"data: [DONE]\n\n"]
+
+
+async def serve(
+    step: ResponseCacheStep, req: EngineRequest, upstream: Upstream, **headers: str
+) -> tuple[str, bytes]:
+    """(x-radixgate-cache, whole body) of one request through the step."""
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    request_headers = [(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()]
+    response_headers: list[tuple[bytes, bytes]] = []
+    await step.respond(req, request_headers, response_headers, send, upstream)
+    await step.drain()
+    outcome = dict(response_headers)[CACHE_HEADER].decode()
+    return outcome, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+@pytest.fixture
+def step() -> ResponseCacheStep:
+    return ResponseCacheStep(ResponseCache(TieredStore.from_config(StoreConfig())))
+
+
+async def test_a_complete_stream_is_stored_and_replayed_byte_for_byte(step: ResponseCacheStep) -> None:
+    upstream = Upstream(sse(*CHUNKS))
+    first = await serve(step, request(True), upstream)
+    second = await serve(step, request(True), upstream)
+    assert (first[0], second[0]) == ("miss", "hit")
+    assert second[1] == first[1] == b"".join(sse(*CHUNKS))
+    assert upstream.calls == 1
+    assert (step.monitor.total.stores, step.monitor.total.hits) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        sse(*CHUNKS[:2]),  # ended cleanly, but the choice never finished
+        sse(*CHUNKS)[:-1],  # no [DONE]
+        [*sse(*CHUNKS[:2])[:-1], b'data: {"error": {"message": "boom"}}\n\n', b"data: [DONE]\n\n"],
+    ],
+    ids=["unfinished", "no-done", "error-event"],
+)
+async def test_incomplete_streams_are_not_stored(step: ResponseCacheStep, events: list[bytes]) -> None:
+    upstream = Upstream(events)
+    outcomes = [(await serve(step, request(True), upstream))[0] for _ in range(2)]
+    assert outcomes == ["miss", "miss"] and upstream.calls == 2
+    assert (step.monitor.total.stores, step.monitor.total.not_stored) == (0, 2)
+
+
+async def test_error_statuses_are_not_stored(step: ResponseCacheStep) -> None:
+    upstream = Upstream([b'{"error": {"message": "no"}}'], status=429, stream=False)
+    outcomes = [(await serve(step, request(False), upstream))[0] for _ in range(2)]
+    assert outcomes == ["miss", "miss"]
+
+
+async def test_cache_control_directives(step: ResponseCacheStep) -> None:
+    body = json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop"}]}).encode()
+    upstream = Upstream([body], stream=False)
+    outcomes = [
+        (await serve(step, request(False), upstream, cache_control="no-store"))[0],
+        (await serve(step, request(False), upstream))[0],
+        (await serve(step, request(False), upstream, cache_control="max-age=0, No-Cache"))[0],
+        (await serve(step, request(False), upstream))[0],
+    ]
+    assert outcomes == ["bypass", "miss", "miss", "hit"]
+    assert upstream.calls == 3
+    assert (step.monitor.total.refreshes, step.monitor.total.bypasses) == (1, 1)
+
+
+async def test_sampled_requests_bypass_and_a_disabled_cache_bypasses_all() -> None:
+    upstream = Upstream(sse(*CHUNKS))
+    enabled = ResponseCacheStep(ResponseCache(TieredStore.from_config(StoreConfig())))
+    assert (await serve(enabled, request(True, temperature=0.3), upstream))[0] == "bypass"
+    assert (await serve(enabled, request(True, temperature=0.3, seed=4), upstream))[0] == "miss"
+    assert (await serve(ResponseCacheStep(None), request(True), upstream))[0] == "bypass"
+
+
+def test_complete_answer_needs_every_choice_finished() -> None:
+    two = {"id": "a", "choices": [{"index": 0, "finish_reason": "stop"}, {"index": 1, "finish_reason": None}]}
+    assert complete_answer([json.dumps(two).encode()]) is None
+    two["choices"][1]["finish_reason"] = "length"  # type: ignore[index]
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert complete_answer([json.dumps({**two, "usage": usage}).encode()]) == (3, 4)
+    assert complete_answer([b'{"choices": []}']) is None
+    assert complete_answer([b"not json"]) is None

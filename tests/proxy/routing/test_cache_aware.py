@@ -1,0 +1,112 @@
+"""The cache_aware policy through the pool: prefix affinity, load balance, guards, tenant isolation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from adapters.schema import PromptTokensDetails, Usage
+from proxy.routing.config import PoolSettings
+from tests.proxy.routing.conftest import chat_request, make_pool
+
+SYSTEM = "You are a careful assistant. " * 40
+
+
+async def test_requests_sharing_a_prefix_land_on_the_same_worker() -> None:
+    pool = make_pool(4)
+    first = await pool.acquire(chat_request(SYSTEM, "question one"))
+    first.release(usage=None, failed=False)
+    for i in range(5):
+        lease = await pool.acquire(chat_request(SYSTEM, f"question {i}"))
+        assert lease.worker_id == first.worker_id
+        lease.release(usage=None, failed=False)
+
+
+async def test_unrelated_prompts_spread_over_idle_workers() -> None:
+    pool = make_pool(3)
+    leases = [await pool.acquire(chat_request(f"system prompt number {i} " * 30, "hi")) for i in range(3)]
+    assert len({lease.worker_id for lease in leases}) == 3
+
+
+async def test_multi_turn_chats_sharing_one_system_prompt_do_not_pile_onto_one_worker() -> None:
+    pool = make_pool(4)
+    # 16 concurrent conversations, all in flight at once, all starting with the same long system prompt.
+    leases = [await pool.acquire(chat_request(SYSTEM, f"conversation {i} " * 20)) for i in range(16)]
+    per_worker: dict[str, int] = {}
+    for lease in leases:
+        per_worker[lease.worker_id] = per_worker.get(lease.worker_id, 0) + 1
+    assert len(per_worker) == 4
+    assert max(per_worker.values()) <= 2 * min(per_worker.values())
+
+
+async def test_a_conversation_returns_to_the_worker_holding_its_history() -> None:
+    pool = make_pool(4)
+    busy = [await pool.acquire(chat_request(SYSTEM, f"other {i} " * 20)) for i in range(4)]
+    history = "turn one of a long conversation " * 60
+    lease = await pool.acquire(chat_request(SYSTEM, history))
+    home = lease.worker_id
+    lease.release(usage=None, failed=False)
+    follow_up = await pool.acquire(chat_request(SYSTEM, history + " and a follow-up question"))
+    assert follow_up.worker_id == home
+    for other in busy:
+        other.release(usage=None, failed=False)
+
+
+async def test_imbalance_guard_skips_an_overloaded_worker_despite_its_match() -> None:
+    pool = make_pool(2, cache_aware={"imbalance_abs_tokens": 1000, "imbalance_rel": 1.5})
+    first = await pool.acquire(chat_request(SYSTEM, "q"))
+    held = [await pool.acquire(chat_request(SYSTEM, "q")) for _ in range(3)]
+    workers = {lease.worker_id for lease in [first, *held]}
+    assert len(workers) == 2  # once one worker's queue is far longer, the other takes the prefix too
+
+
+async def test_tenants_never_share_a_routing_prefix() -> None:
+    pool = make_pool(2)
+    lease = await pool.acquire(chat_request(SYSTEM, "q", salt="tenant-a"))
+    worker = next(w for w in pool.workers() if w.id == lease.worker_id)
+    same_prompt_other_tenant = await pool.acquire(chat_request(SYSTEM, "q", salt="tenant-b"))
+    # Tenant b's prompt does not match tenant a's path, so it goes to the idle worker.
+    assert same_prompt_other_tenant.worker_id != lease.worker_id
+    assert worker.tree.total_tokens > 0
+
+
+async def test_engine_reported_cache_misses_shrink_the_tree() -> None:
+    pool = make_pool(1)
+    worker = pool.workers()[0]
+    lease = await pool.acquire(chat_request(SYSTEM, "q"))
+    lease.release(usage=None, failed=False)
+    before = worker.capacity_estimate
+    lease = await pool.acquire(chat_request(SYSTEM, "q2"))
+    # The tree predicted the system prompt cached; the engine says nothing was.
+    lease.release(
+        usage=Usage(prompt_tokens=300, prompt_tokens_details=PromptTokensDetails(cached_tokens=0)),
+        failed=False,
+    )
+    assert worker.mispredictions == 1
+    assert worker.capacity_estimate < before
+
+
+async def test_unknown_cached_tokens_change_nothing() -> None:
+    pool = make_pool(1)
+    worker = pool.workers()[0]
+    lease = await pool.acquire(chat_request(SYSTEM, "q"))
+    lease.release(usage=Usage(prompt_tokens=300), failed=False)
+    assert worker.predicted_tokens == 0 and worker.mispredictions == 0
+
+
+async def test_trees_stay_within_worker_capacity() -> None:
+    pool = make_pool(1)
+    worker = pool.workers()[0]
+    worker.set_capacity(2000, "config")
+    for i in range(20):
+        lease = await pool.acquire(chat_request(f"distinct system prompt {i} " * 20, "q"))
+        lease.release(usage=None, failed=False)
+        await asyncio.sleep(0)  # the pool trims a tree right after the decision that outgrew it
+        assert worker.tree.total_tokens <= 2000
+
+
+def test_cache_aware_settings_reject_unknown_keys() -> None:
+    with pytest.raises(msgspec.ValidationError, match="match_treshold"):
+        msgspec.convert({"cache_aware": {"match_treshold": 0.5}}, PoolSettings)

@@ -1,0 +1,50 @@
+"""Routing decisions are visible: a span per decision and Prometheus series per worker and policy."""
+
+from __future__ import annotations
+
+import msgspec
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from proxy.routing.config import PoolSettings, WorkerSpec
+from proxy.routing.pool import WorkerPool
+from proxy.telemetry import semconv
+from proxy.telemetry.prometheus import MetricsRegistry
+from tests.proxy.routing.conftest import FakeEngine, chat_request
+
+
+async def test_each_decision_has_a_span_and_counters() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    registry = MetricsRegistry()
+    specs = [WorkerSpec(url=f"http://127.0.0.1:{9000 + i}", id=f"w{i}", models=["m"]) for i in range(2)]
+    pool = WorkerPool(
+        ["m"],
+        specs,
+        msgspec.convert({}, PoolSettings),
+        engine_factory=FakeEngine,
+        metrics=registry,
+        tracer=provider.get_tracer("test"),
+    )
+    first = await pool.acquire(chat_request("shared system prompt " * 20, "a"))
+    first.release(usage=None, failed=False)
+    second = await pool.acquire(chat_request("shared system prompt " * 20, "b"))
+    second.release(usage=None, failed=True)
+
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == [semconv.ROUTING_SPAN_NAME] * 2
+    attributes = spans[1].attributes or {}
+    assert attributes[semconv.ROUTING_POLICY] == "cache_aware"
+    assert attributes[semconv.ROUTING_WORKER_ID] == first.worker_id
+    assert attributes[semconv.ROUTING_MATCH_TOKENS] > 300
+    assert attributes[semconv.ROUTING_CANDIDATES] == 2
+    assert f"{first.worker_id}=" in str(attributes[semconv.ROUTING_WORKER_LOADS])
+
+    text = registry.render().decode()
+    labels = f'policy="cache_aware",reason="best_cost",worker="{first.worker_id}"'
+    assert f"radixgate_routing_decisions_total{{{labels}}} 1.0" in text
+    assert f'radixgate_routing_worker_failures_total{{worker="{first.worker_id}"}} 1.0' in text
+    assert f'radixgate_routing_worker_up{{worker="{first.worker_id}"}}' in text
+    assert "radixgate_routing_decision_seconds_bucket" in text
