@@ -36,7 +36,7 @@ DEFAULT_WRITE_TIMEOUT_S = 30.0
 DEFAULT_POOL_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_KEEPALIVE_CONNECTIONS = 256
-DEFAULT_KEEPALIVE_EXPIRY_S = 30.0
+DEFAULT_KEEPALIVE_EXPIRY_S = 4.0  # under the 5 s idle timeout of uvicorn and SGLang servers
 DEFAULT_HEALTH_TIMEOUT_S = 2.0
 
 _PATHS = {"chat": "chat/completions", "text_completion": "completions"}

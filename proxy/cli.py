@@ -180,6 +180,10 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
             timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
             lifespan="on",
             server_header=False,
+            # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib
+            # loop; benchmarks/RESULTS.md "## overhead" compares the servers measured for this choice.
+            loop="uvloop",
+            http="httptools",
         )
     )
     server.run()

@@ -2,8 +2,9 @@
 pool, radix prefix reuse (SGLang's RadixAttention) and continuous batching.
 
     checkpoint / gguf_convert   GGUF -> fp32 tensors (+ a safetensors cache keyed by sha256)
+    loader                      weights, tokenizer and template, loaded once, shareable
     tokenizer / chat_template   the vocabulary and prompt format from GGUF metadata
-    model / kv_pool             the forward pass over fixed-size KV pages
+    model / attention / kv_pool the forward pass over fixed-size KV pages (no page copies)
     prefix_cache                the radix tree of cached pages (cachelayer.radix)
     scheduler / runner / core   continuous batching on the engine thread
     sampling / text_stream      next-token choice, stop strings, UTF-8-safe text

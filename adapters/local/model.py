@@ -112,21 +112,23 @@ class LlamaModel:
         x = F.embedding(batch.token_ids, self.embed)
         cos = self._cos[batch.positions].unsqueeze(1)
         sin = self._sin_signed[batch.positions].unsqueeze(1)
+        # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (spec.hidden_size,), layer.attn_norm, spec.rms_norm_eps)
             qkv = F.linear(h, layer.wqkv)
             qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
-            qk = qk * cos + qk.roll(self._half, dims=-1) * sin
+            rotated = qk.roll(self._half, dims=-1).mul_(sin)
+            qk = (qk * cos).add_(rotated)
             q, k = qk[:, :n_q], qk[:, n_q:]
             v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
             k_pages, v_pages = pool.k[index], pool.v[index]
             k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
             v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
             attn = self._attention(batch, q, k, v, k_pages, v_pages)
-            x = x + F.linear(attn, layer.wo)
+            x.add_(F.linear(attn, layer.wo))
             h = F.rms_norm(x, (spec.hidden_size,), layer.ffn_norm, spec.rms_norm_eps)
             gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            x.add_(F.linear(F.silu(gate, inplace=True).mul_(up), layer.w_down))
         last = F.rms_norm(x[batch.logit_rows], (spec.hidden_size,), self.norm, spec.rms_norm_eps)
         return F.linear(last, self.lm_head).float()
 

@@ -32,6 +32,8 @@ def main() -> None:
     config = LocalEngineConfig(threads=args.threads)
     engine = LocalEngine(config)
     engine.start_sync()
+    ours(engine, [token_ids(16, seed=1)], 2)  # touches every weight page once
+    idle = _rss_bytes()
     prompts = [token_ids(args.sequence_tokens - NEW_TOKENS, seed=7000 + i) for i in range(SEQUENCES)]
     start = time.perf_counter()
     wall, _ = ours(engine, prompts, NEW_TOKENS)
@@ -49,6 +51,8 @@ def main() -> None:
                 "weights_bytes": weights,
                 "kv_pool_bytes": pool_bytes,
                 "peak_rss_bytes": peak,
+                "idle_rss_bytes": idle,
+                "runtime_bytes": idle - weights,
                 "headroom_bytes": weights + pool_bytes + 300 * 2**20 - peak,
                 "preemptions": stats.preemptions,
                 "wall_s": round(wall, 1),
@@ -56,6 +60,11 @@ def main() -> None:
             }
         )
     )
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
 
 
 if __name__ == "__main__":

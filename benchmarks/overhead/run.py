@@ -265,10 +265,14 @@ def main() -> None:
         runs = run_rounds(args, gateway.pid)
         load_after = loadavg()
     finally:
-        gateway.terminate()
-        stub.terminate()
-        gateway.wait(10)
-        stub.wait(10)
+        for process in (gateway, stub):
+            process.terminate()
+        for process in (gateway, stub):
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
     OUT.mkdir(exist_ok=True)
     record = {
         "started": started,

@@ -133,7 +133,8 @@ def main() -> None:
     parser.add_argument(
         "--count-calls",
         metavar="FILE",
-        help="uvicorn only: count Python function calls while serving (cProfile) and write the total to FILE",
+        help="uvicorn only: count Python function calls while serving (cProfile); the total goes to FILE, "
+        "the profile to FILE.pstats",
     )
     args = parser.parse_args()
     use_client(args.client)
@@ -163,6 +164,7 @@ def main() -> None:
                 profile.disable()
                 calls = sum(stat[1] for stat in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
                 Path(args.count_calls).write_text(f"{calls}\n")
+                profile.dump_stats(f"{args.count_calls}.pstats")  # for a per-module breakdown
     else:
         from granian import Granian
         from granian.constants import Interfaces, Loops

@@ -108,8 +108,15 @@ def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
     routing = settings.routing
     added: list[WorkerSettings] = []
     if routing.local_workers:
-        started = launcher.start_local(routing.local_workers, child_worker_toml(settings))
+        config = child_worker_toml(settings)
+        # The first worker alone: on a cold machine it converts and caches the weights, which the
+        # others then load, instead of several processes converting into the same cache at once.
+        started = launcher.start_local(1, config)
         launcher.wait_healthy(started, DEFAULT_STARTUP_TIMEOUT_S)
+        if routing.local_workers > 1:
+            rest = launcher.start_local(routing.local_workers - 1, config)
+            launcher.wait_healthy(rest, DEFAULT_STARTUP_TIMEOUT_S)
+            started += rest
         model = settings.local_engine.model_id
         added += [WorkerSettings(url=w.url, kind="openai", models=[model]) for w in started]
     if routing.launch_sglang is not None:

@@ -117,7 +117,7 @@ class Launcher:
     def start_local(self, count: int, child_toml: str) -> list[Launched]:
         """Start `count` embedded-engine gateways configured by `child_toml`."""
         self._tempdir = self._tempdir or tempfile.TemporaryDirectory(prefix="radixgate-workers-")
-        config = Path(self._tempdir.name) / "worker.toml"
+        config = Path(self._tempdir.name) / f"worker-{len(self.launched)}.toml"
         config.write_text(child_toml)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXGATE_")}
         started = []

@@ -111,7 +111,7 @@ def prefill_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
         positions=torch.arange(len(ids)),
         slots=torch.tensor([pages[i // page] * page + i % page for i in range(len(ids))]),
         logit_rows=torch.tensor([len(ids) - 1]),
-        prefills=[PrefillSegment(start=0, length=len(ids), context=len(ids), pages=torch.tensor(pages))],
+        prefills=[PrefillSegment(start=0, length=len(ids))],
     )
     with torch.inference_mode():
         return loaded.model.forward(batch, pool)[0]

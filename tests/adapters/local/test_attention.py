@@ -1,0 +1,81 @@
+"""Attention over page runs (views, merged by log-sum-exp) against dense attention on gathered pages."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from adapters.local.attention import (
+    DecodePlan,
+    PageRun,
+    SharedRun,
+    decode_attention,
+    page_runs,
+    prefill_attention,
+)
+
+PAGE, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
+
+
+def pool(pages: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(pages, PAGE, KV_HEADS, DIM, generator=gen),
+        torch.randn(pages, PAGE, KV_HEADS, DIM, generator=gen),
+    )
+
+
+def dense(
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, pages: list[int], tokens: int
+) -> torch.Tensor:
+    """One query row over its context, gathered: `[heads * dim]`."""
+    keys = k_pages[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
+    values = v_pages[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(q[None, :, None], keys, values, enable_gqa=True)
+    return out.reshape(-1)
+
+
+def test_page_runs_split_at_gaps_and_stop_at_the_context() -> None:
+    assert page_runs([3, 4, 5, 9, 10], 18, PAGE) == [PageRun(3, 12), PageRun(9, 6)]
+    assert page_runs([3, 4, 5, 9, 10], 12, PAGE) == [PageRun(3, 12)]
+    assert page_runs([7], 1, PAGE) == [PageRun(7, 1)]
+
+
+def test_decode_over_shared_and_own_runs_equals_dense() -> None:
+    k_pages, v_pages = pool()
+    tables = {0: ([1, 2, 3, 10], 15), 1: ([1, 2, 3, 20, 21], 18), 2: ([5, 6], 7)}
+    plan = DecodePlan(
+        count=3,
+        runs=[
+            SharedRun(PageRun(1, 12), torch.tensor([0, 1])),  # the prefix both first rows share
+            SharedRun(PageRun(10, 3), torch.tensor([0])),
+            SharedRun(PageRun(20, 6), torch.tensor([1])),
+            SharedRun(PageRun(5, 7), torch.tensor([2])),
+        ],
+        merge=True,
+    )
+    q = torch.randn(3, HEADS, DIM)
+    out = decode_attention(q, k_pages, v_pages, plan)
+    for row, (pages, tokens) in tables.items():
+        assert torch.allclose(out[row], dense(q[row], k_pages, v_pages, pages, tokens), atol=1e-5)
+
+
+def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
+    k_pages, v_pages = pool()
+    prefix = [PageRun(2, 8), PageRun(12, 3)]  # 11 cached tokens in two runs
+    n = 5
+    q, k, v = torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)
+    out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
+    cached_k = torch.cat(
+        [k_pages[2:4].reshape(-1, KV_HEADS, DIM), k_pages[12].reshape(-1, KV_HEADS, DIM)[:3]]
+    )
+    cached_v = torch.cat(
+        [v_pages[2:4].reshape(-1, KV_HEADS, DIM), v_pages[12].reshape(-1, KV_HEADS, DIM)[:3]]
+    )
+    keys = torch.cat([cached_k, k]).transpose(0, 1)[None]
+    values = torch.cat([cached_v, v]).transpose(0, 1)[None]
+    mask = torch.arange(11 + n)[None, :] <= torch.arange(11, 11 + n)[:, None]
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys, values, attn_mask=mask, enable_gqa=True
+    )
+    assert torch.allclose(out, expected[0].transpose(0, 1).reshape(n, -1), atol=1e-5)
