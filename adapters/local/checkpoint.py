@@ -1,9 +1,9 @@
 """Find the model file and keep a converted copy so a warm start loads in about a second.
 
 Reading a GGUF is slow in pure Python (the vocabulary arrays alone take seconds, dequantizing
-more), so the first start writes `<cache_dir>/<sha256 of the GGUF>/`:
+more), so the first start writes `<cache_dir>/<sha256 of the GGUF>.<CACHE_LAYOUT>/`:
 
-    model.safetensors   fp32 weights in our fused layout (see gguf_convert)
+    model.safetensors   fp32 weights in our fused, transposed layout (see gguf_convert)
     tokenizer.json      the `tokenizers` vocabulary, pre-tokenizer and special tokens
     meta.json           ModelSpec + SpecialTokens
 
@@ -31,6 +31,8 @@ from adapters.local.gguf_convert import ModelSpec, UnsupportedModelError, read_g
 from adapters.local.tokenizer import SpecialTokens, build_tokenizer
 
 _HASH_CHUNK = 1 << 22
+CACHE_LAYOUT = "v2"
+"""Bumped whenever gguf_convert changes the tensors it writes, so old conversions are not reused."""
 
 
 class _Meta(msgspec.Struct):
@@ -78,7 +80,7 @@ def load_checkpoint(path: Path, cache_dir: Path) -> Checkpoint:
     if not path.is_file():
         raise UnsupportedModelError(f"model file not found: {path}")
     sha = file_sha256(path)
-    entry = cache_dir / sha
+    entry = cache_dir / f"{sha}.{CACHE_LAYOUT}"
     if (entry / "meta.json").is_file():
         meta = msgspec.json.decode((entry / "meta.json").read_bytes(), type=_Meta)
         return Checkpoint(

@@ -8,7 +8,9 @@ Decisions:
 - llama.cpp's converter permutes the rows of Q and K so that rotary pairs are interleaved
   (`(2i, 2i+1)`); we undo it here, giving Hugging Face's "rotate half" layout, which is what
   `transformers` does when it loads a GGUF (checked by the parity tests).
-- Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two.
+- Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two,
+  and every matrix is stored transposed (`[in, out]`, see `_t`). A tied embedding is stored once,
+  as the transposed head; the model looks tokens up in its columns.
 """
 
 from __future__ import annotations
@@ -192,20 +194,30 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
         shape = tuple(reversed([int(d) for d in tensor.shape]))
         return torch.from_numpy(values.astype(np.float32, copy=True).reshape(shape))
 
-    out = {"embed": load("token_embd.weight"), "norm": load("output_norm.weight")}
-    if not spec.tied_embeddings:
-        out["lm_head"] = load("output.weight")
+    embed = load("token_embd.weight")
+    out = {"norm": load("output_norm.weight")}
+    if spec.tied_embeddings:
+        out["lm_head_t"] = _t(embed)  # the model looks embeddings up in the head's columns
+    else:
+        out["embed"] = embed
+        out["lm_head_t"] = _t(load("output.weight"))
     for i in range(spec.num_layers):
         t = {name: load(f"blk.{i}.{name}.weight") for name in _LAYER_TENSORS}
         q = _unpermute_rotary(t["attn_q"], spec.num_heads)
         k = _unpermute_rotary(t["attn_k"], spec.num_kv_heads)
         out[f"layers.{i}.attn_norm"] = t["attn_norm"]
-        out[f"layers.{i}.wqkv"] = torch.cat([q, k, t["attn_v"]], dim=0)
-        out[f"layers.{i}.wo"] = t["attn_output"]
+        out[f"layers.{i}.wqkv_t"] = _t(torch.cat([q, k, t["attn_v"]], dim=0))
+        out[f"layers.{i}.wo_t"] = _t(t["attn_output"])
         out[f"layers.{i}.ffn_norm"] = t["ffn_norm"]
-        out[f"layers.{i}.w_gate_up"] = torch.cat([t["ffn_gate"], t["ffn_up"]], dim=0)
-        out[f"layers.{i}.w_down"] = t["ffn_down"]
+        out[f"layers.{i}.w_gate_up_t"] = _t(torch.cat([t["ffn_gate"], t["ffn_up"]], dim=0))
+        out[f"layers.{i}.w_down_t"] = _t(t["ffn_down"])
     return out
+
+
+def _t(weight: torch.Tensor) -> torch.Tensor:
+    """`[in, out]` contiguous: `x @ w_t` runs MKL's NN kernel, up to 2x faster than `F.linear`'s NT
+    one at the 1-16 rows of a decode step on the 2-core dev box (same speed for prefill)."""
+    return weight.t().contiguous()
 
 
 def _unpermute_rotary(weight: torch.Tensor, heads: int) -> torch.Tensor:

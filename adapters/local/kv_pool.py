@@ -7,14 +7,16 @@ A page's reference count says who holds it: each running sequence whose page tab
 plus the radix cache when a finished prefix lives there. It returns to the free list when the
 count drops to zero, so a sequence ending and the cache evicting may happen in either order.
 
-Memory is allocated once but touched only as pages are used: the free list is a stack, so a
-lightly loaded engine keeps reusing the same hot pages and its RSS stays small. A page is zeroed
+Memory is allocated once but touched only as pages are used: the lowest free id is handed out
+first, so a lightly loaded engine keeps reusing the same hot pages and its RSS stays small, and a
+prompt's pages are usually consecutive ids, which attention reads in place. A page is zeroed
 the first time it is handed out, because attention reads whole pages and masked slots must hold
 finite numbers (0 * NaN would poison the softmax).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +46,9 @@ class KVPool:
         self.v = torch.empty(shape, dtype=dtype)
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free = list(range(num_pages - 1, -1, -1))  # a stack: low, hot page ids come out first
+        # A min-heap: lowest ids first, so a sequence's pages tend to be consecutive (attended in
+        # place) and a light load keeps reusing the same hot pages.
+        self._free = list(range(num_pages))
         self._refs = [0] * num_pages
         self._zeroed = [False] * num_pages
 
@@ -69,7 +73,7 @@ class KVPool:
         """`count` fresh pages, each with one reference; None (and nothing taken) if too few are free."""
         if count > len(self._free):
             return None
-        pages = [self._free.pop() for _ in range(count)]
+        pages = [heapq.heappop(self._free) for _ in range(count)]
         for page in pages:
             self._refs[page] = 1
             if not self._zeroed[page]:
@@ -93,7 +97,7 @@ class KVPool:
                 raise ValueError(f"release of free page {page}")
             self._refs[page] = refs
             if refs == 0:
-                self._free.append(page)
+                heapq.heappush(self._free, page)
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy one page's KV in every layer (copy-on-write of a shared partial page)."""

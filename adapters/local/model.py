@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from adapters.local.attention import DecodePlan, PageRun, decode_attention, prefill_attention
+from adapters.local.attention import DecodePlan, PrefixPlan, decode_attention, prefill_attention
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kv_pool import KVPool
 
@@ -34,8 +34,9 @@ class PrefillSegment:
     """First row of the chunk in the packed batch."""
     length: int
     """New tokens in this chunk."""
-    prefix: list[PageRun] = field(default_factory=list)
-    """Where the context before the chunk (cached prefix and earlier chunks) lives."""
+    prefix: PrefixPlan | None = None
+    """Where the context before the chunk (cached prefix and earlier chunks) lives; None: nowhere,
+    the chunk starts the sequence."""
 
 
 @dataclass(slots=True)
@@ -55,12 +56,14 @@ class ForwardBatch:
 
 @dataclass(slots=True)
 class _Layer:
+    """One block's weights; matrices transposed (`[in, out]`)."""
+
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor
-    wo: torch.Tensor
+    wqkv_t: torch.Tensor
+    wo_t: torch.Tensor
     ffn_norm: torch.Tensor
-    w_gate_up: torch.Tensor
-    w_down: torch.Tensor
+    w_gate_up_t: torch.Tensor
+    w_down_t: torch.Tensor
 
 
 class LlamaModel:
@@ -73,23 +76,31 @@ class LlamaModel:
         def get(name: str) -> torch.Tensor:
             return tensors[name].to(dtype).contiguous()
 
-        self.embed = get("embed")
+        self.embed = get("embed") if "embed" in tensors else None
+        """`[vocab, hidden]` when untied; None: tokens are looked up in `lm_head_t`'s columns."""
         self.norm = get("norm")
-        self.lm_head = get("lm_head") if "lm_head" in tensors else self.embed
+        self.lm_head_t = get("lm_head_t")
         self.layers = [
             _Layer(
                 attn_norm=get(f"layers.{i}.attn_norm"),
-                wqkv=get(f"layers.{i}.wqkv"),
-                wo=get(f"layers.{i}.wo"),
+                wqkv_t=get(f"layers.{i}.wqkv_t"),
+                wo_t=get(f"layers.{i}.wo_t"),
                 ffn_norm=get(f"layers.{i}.ffn_norm"),
-                w_gate_up=get(f"layers.{i}.w_gate_up"),
-                w_down=get(f"layers.{i}.w_down"),
+                w_gate_up_t=get(f"layers.{i}.w_gate_up_t"),
+                w_down_t=get(f"layers.{i}.w_down_t"),
             )
             for i in range(spec.num_layers)
         ]
-        distinct = {id(t): t for t in (self.embed, self.norm, self.lm_head)}
+        distinct = {id(t): t for t in (self.embed, self.norm, self.lm_head_t) if t is not None}
         for layer in self.layers:
-            for t in (layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down):
+            for t in (
+                layer.attn_norm,
+                layer.wqkv_t,
+                layer.wo_t,
+                layer.ffn_norm,
+                layer.w_gate_up_t,
+                layer.w_down_t,
+            ):
                 distinct[id(t)] = t
         self.weight_bytes = sum(t.numel() * t.element_size() for t in distinct.values())
         """Bytes of all weights (a tied head counted once)."""
@@ -109,13 +120,16 @@ class LlamaModel:
         """Run one step, write the new tokens' K/V into the pool, return fp32 logits `[rows, vocab]`."""
         spec = self.spec
         n_q, n_kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        x = F.embedding(batch.token_ids, self.embed)
+        if self.embed is not None:
+            x = F.embedding(batch.token_ids, self.embed)
+        else:
+            x = self.lm_head_t.index_select(1, batch.token_ids).t().contiguous()
         cos = self._cos[batch.positions].unsqueeze(1)
         sin = self._sin_signed[batch.positions].unsqueeze(1)
         # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (spec.hidden_size,), layer.attn_norm, spec.rms_norm_eps)
-            qkv = F.linear(h, layer.wqkv)
+            qkv = h @ layer.wqkv_t
             qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
             rotated = qk.roll(self._half, dims=-1).mul_(sin)
             qk = (qk * cos).add_(rotated)
@@ -125,12 +139,12 @@ class LlamaModel:
             k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
             v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
             attn = self._attention(batch, q, k, v, k_pages, v_pages)
-            x.add_(F.linear(attn, layer.wo))
+            x.add_(attn @ layer.wo_t)
             h = F.rms_norm(x, (spec.hidden_size,), layer.ffn_norm, spec.rms_norm_eps)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x.add_(F.linear(F.silu(gate, inplace=True).mul_(up), layer.w_down))
+            gate, up = (h @ layer.w_gate_up_t).chunk(2, dim=-1)
+            x.add_(F.silu(gate, inplace=True).mul_(up) @ layer.w_down_t)
         last = F.rms_norm(x[batch.logit_rows], (spec.hidden_size,), self.norm, spec.rms_norm_eps)
-        return F.linear(last, self.lm_head).float()
+        return (last @ self.lm_head_t).float()
 
     def _attention(
         self,

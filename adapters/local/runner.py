@@ -1,7 +1,9 @@
 """Turn a scheduled step into one packed forward batch, run it, and say whose logits are whose.
 
 Rows are packed decode-first: one row per decoding sequence, then each prefill chunk's tokens.
-Only decoding sequences and chunks that finish their prompt ask for logits.
+Only decoding sequences and chunks that finish their prompt ask for logits. The runner also plans
+attention from the page tables (see `attention`): which runs of pages are read in place, which
+are shared by several decoding sequences, and which short ones are copied into one block.
 """
 
 from __future__ import annotations
@@ -11,7 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.local.attention import DecodePlan, PageRun, SharedRun, page_runs
+from adapters.local.attention import (
+    DecodePlan,
+    GatheredRows,
+    PageRun,
+    PrefixPlan,
+    ScatteredPages,
+    SharedRun,
+    page_runs,
+    split_runs,
+)
 from adapters.local.kv_pool import KVPool
 from adapters.local.model import ForwardBatch, LlamaModel, PrefillSegment
 from adapters.local.scheduler import ScheduledStep
@@ -66,7 +77,7 @@ class ModelRunner:
         prefills = []
         for seq, chunk in step.prefills:
             start = len(tokens)
-            prefix = page_runs(seq.pages, seq.num_computed, ps) if seq.num_computed else []
+            prefix = self._prefix_plan(seq.pages, seq.num_computed) if seq.num_computed else None
             add(seq, seq.num_computed, chunk)
             prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix))
             if seq.num_computed + chunk == len(seq.tokens):
@@ -82,27 +93,51 @@ class ModelRunner:
         )
         return batch, sampled
 
+    def _prefix_plan(self, pages: list[int], tokens: int) -> PrefixPlan:
+        runs, rest, rest_tokens = split_runs(pages, tokens, self.page_size)
+        scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
+        return PrefixPlan(runs=runs, scattered=scattered)
+
     def _decode_plan(self, seqs: list[Sequence]) -> DecodePlan:
-        """Runs of each decoding sequence's pages; a prefix shared from the cache becomes one run
-        that all its sequences attend to in a single call."""
+        """A prefix shared from the cache becomes one run that all its sequences attend to in a
+        single call; long runs of a sequence's own are attended in place, one call each; the
+        short rest of every sequence is gathered into one padded call."""
         ps = self.page_size
-        runs = [page_runs(s.pages, s.num_computed + 1, ps) for s in seqs]
+        firsts = [page_runs(s.pages, s.num_computed + 1, ps)[0] for s in seqs]
         by_start: dict[int, list[int]] = defaultdict(list)
-        for i, own in enumerate(runs):
-            by_start[own[0].first_page].append(i)
-        for members in by_start.values():
-            if len(members) < 2:
-                continue
-            # Cut every member's first run at the whole pages they all hold, so that part is shared.
-            common = min(runs[i][0].tokens for i in members) // ps * ps
-            for i in members:
-                head = runs[i][0]
-                if common and head.tokens > common:
-                    tail = PageRun(first_page=head.first_page + common // ps, tokens=head.tokens - common)
-                    runs[i][0:1] = [PageRun(first_page=head.first_page, tokens=common), tail]
-        rows: dict[PageRun, list[int]] = defaultdict(list)
-        for i, own in enumerate(runs):
-            for run in own:
-                rows[run].append(i)
-        shared = [SharedRun(run=run, rows=torch.tensor(r, dtype=torch.long)) for run, r in rows.items()]
-        return DecodePlan(count=len(seqs), runs=shared, merge=any(len(own) > 1 for own in runs))
+        for i, run in enumerate(firsts):
+            by_start[run.first_page].append(i)
+        skip = [0] * len(seqs)  # tokens each sequence reads through a shared run
+        runs: list[SharedRun] = []
+        for start, members in by_start.items():
+            # The whole pages every member holds from this first page on are read once for all.
+            common = min(firsts[i].tokens for i in members) // ps * ps
+            if len(members) > 1 and common > 0:
+                runs.append(SharedRun(PageRun(start, common), torch.tensor(members)))
+                for i in members:
+                    skip[i] = common
+        parts = [int(t > 0) for t in skip]
+        gather: list[tuple[int, list[int], int]] = []
+        for i, seq in enumerate(seqs):
+            own, rest, rest_tokens = split_runs(
+                seq.pages[skip[i] // ps :], seq.num_computed + 1 - skip[i], ps
+            )
+            runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
+            parts[i] += len(own) + bool(rest)
+            if rest:
+                gather.append((i, rest, rest_tokens))
+        gathered = self._gather(gather) if gather else None
+        return DecodePlan(count=len(seqs), runs=runs, gathered=gathered, merge=max(parts) > 1)
+
+    def _gather(self, rows: list[tuple[int, list[int], int]]) -> GatheredRows:
+        ps = self.page_size
+        widest = max(len(pages) for _, pages, _ in rows)
+        table = [pages + [pages[0]] * (widest - len(pages)) for _, pages, _ in rows]
+        lengths = torch.tensor([tokens for _, _, tokens in rows])
+        visible = torch.arange(widest * ps)[None, :] < lengths[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, float("-inf"))
+        return GatheredRows(
+            rows=torch.tensor([i for i, _, _ in rows]),
+            pages=torch.tensor(table, dtype=torch.long),
+            mask=mask[:, None, None, :],
+        )

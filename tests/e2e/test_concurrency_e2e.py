@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import asyncio
 
-import openai
+from collections.abc import Iterator
 
-from tests.e2e.conftest import MODEL
+import openai
+import pytest
+
+from adapters.openai_compat import UpstreamClientConfig
+from proxy.app import create_app
+from tests.e2e.conftest import MODEL, gateway_settings
+from tests.gateway_server import GatewayServer
 from tests.upstream_server import UpstreamServer
 
 STREAMS = 200
 ANSWER = "Hello from the test upstream."
+READ_TIMEOUT_S = 60.0
+"""Two hundred streams on a 2-core CI box can keep an upstream silent longer than the shared
+fixture's short read timeout; this test is about correctness under concurrency, not latency."""
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream_server: UpstreamServer) -> Iterator[GatewayServer]:
+    settings = gateway_settings(
+        upstream_server.url, upstream_client=UpstreamClientConfig(read_timeout_s=READ_TIMEOUT_S)
+    )
+    server = GatewayServer(create_app(settings)).start()
+    yield server
+    server.stop()
 
 
 async def test_200_concurrent_streams_are_all_correct(

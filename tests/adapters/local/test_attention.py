@@ -7,11 +7,15 @@ import torch.nn.functional as F
 
 from adapters.local.attention import (
     DecodePlan,
+    GatheredRows,
     PageRun,
+    PrefixPlan,
+    ScatteredPages,
     SharedRun,
     decode_attention,
     page_runs,
     prefill_attention,
+    split_runs,
 )
 
 PAGE, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
@@ -41,6 +45,12 @@ def test_page_runs_split_at_gaps_and_stop_at_the_context() -> None:
     assert page_runs([7], 1, PAGE) == [PageRun(7, 1)]
 
 
+def test_split_runs_keeps_long_runs_and_pools_the_rest() -> None:
+    pages = [*range(100, 120), 7, 9]
+    long, rest, tokens = split_runs(pages, 20 * 16 + 20, 16)
+    assert long == [PageRun(100, 320)] and rest == [7, 9] and tokens == 20
+
+
 def test_decode_over_shared_and_own_runs_equals_dense() -> None:
     k_pages, v_pages = pool()
     tables = {0: ([1, 2, 3, 10], 15), 1: ([1, 2, 3, 20, 21], 18), 2: ([5, 6], 7)}
@@ -52,6 +62,7 @@ def test_decode_over_shared_and_own_runs_equals_dense() -> None:
             SharedRun(PageRun(20, 6), torch.tensor([1])),
             SharedRun(PageRun(5, 7), torch.tensor([2])),
         ],
+        gathered=None,
         merge=True,
     )
     q = torch.randn(3, HEADS, DIM)
@@ -62,7 +73,8 @@ def test_decode_over_shared_and_own_runs_equals_dense() -> None:
 
 def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
     k_pages, v_pages = pool()
-    prefix = [PageRun(2, 8), PageRun(12, 3)]  # 11 cached tokens in two runs
+    # 11 cached tokens: a run of two pages in place, then three tokens on a page copied.
+    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=ScatteredPages(torch.tensor([12]), 3))
     n = 5
     q, k, v = torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
@@ -79,3 +91,17 @@ def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
         q.transpose(0, 1)[None], keys, values, attn_mask=mask, enable_gqa=True
     )
     assert torch.allclose(out, expected[0].transpose(0, 1).reshape(n, -1), atol=1e-5)
+
+
+def test_gathered_short_contexts_equal_dense() -> None:
+    k_pages, v_pages = pool()
+    tables = {0: ([4, 9], 6), 1: ([11], 3), 2: ([2, 3, 7], 12)}
+    widest = max(len(p) for p, _ in tables.values())
+    padded = [p + [p[0]] * (widest - len(p)) for p, _ in tables.values()]
+    visible = torch.arange(widest * PAGE)[None, :] < torch.tensor([t for _, t in tables.values()])[:, None]
+    mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))[:, None, None, :]
+    gathered = GatheredRows(rows=torch.tensor([0, 1, 2]), pages=torch.tensor(padded), mask=mask)
+    q = torch.randn(3, HEADS, DIM)
+    out = decode_attention(q, k_pages, v_pages, DecodePlan(count=3, runs=[], gathered=gathered, merge=False))
+    for row, (pages, tokens) in tables.items():
+        assert torch.allclose(out[row], dense(q[row], k_pages, v_pages, pages, tokens), atol=1e-5)

@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from adapters.local import checkpoint as checkpoint_module
-from adapters.local.checkpoint import default_model_path, file_sha256, load_checkpoint
+from adapters.local.checkpoint import CACHE_LAYOUT, default_model_path, file_sha256, load_checkpoint
 from adapters.local.config import DEFAULT_MODEL_FILE, LocalEngineConfig
 from adapters.local.gguf_convert import UnsupportedModelError, read_gguf
 from tests.adapters.local.tiny_gguf import HEADS, KV_HEADS, write_tiny_gguf
@@ -26,7 +26,7 @@ def test_conversion_undoes_llama_cpp_rotary_permutation(tmp_path: Path) -> None:
     hf = write_tiny_gguf(tmp_path / "tiny.gguf")
     tensors = read_gguf(tmp_path / "tiny.gguf").tensors
     q_rows, k_rows = hf["blk.0.attn_q.weight"].shape[0], hf["blk.0.attn_k.weight"].shape[0]
-    wqkv = tensors["layers.0.wqkv"]
+    wqkv = tensors["layers.0.wqkv_t"].t()
     assert torch.equal(wqkv[:q_rows], torch.from_numpy(hf["blk.0.attn_q.weight"]))
     assert torch.equal(wqkv[q_rows : q_rows + k_rows], torch.from_numpy(hf["blk.0.attn_k.weight"]))
     assert q_rows // HEADS == k_rows // KV_HEADS
@@ -38,7 +38,7 @@ def test_second_load_comes_from_the_sha256_keyed_cache(
     gguf_path = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf_path)
     first = load_checkpoint(gguf_path, tmp_path / "cache")
-    entry = tmp_path / "cache" / file_sha256(gguf_path)
+    entry = tmp_path / "cache" / f"{file_sha256(gguf_path)}.{CACHE_LAYOUT}"
     assert {p.name for p in entry.iterdir()} == {"model.safetensors", "tokenizer.json", "meta.json"}
 
     def no_conversion(path: Path) -> None:
