@@ -1,44 +1,59 @@
-"""Disk byte tier (L3): one checksummed file per entry, written atomically, found again after a restart.
+"""Disk byte tier (L3): checksummed records in append-only segment files, found again after a restart.
 
-Layout under ``directory``: ``<aa>/<sha256(key) hex>.rgc`` (``aa`` = the first two hex digits),
-``tmp/`` for writes in progress, and ``.lock``, an exclusive ``flock`` so one process owns the
-directory (its in-memory index must be the only writer). A file is::
+Layout under ``directory``: ``seg/<seq>.rgs`` segments (format in ``cachelayer.segment_log``) and
+``.lock``, an exclusive ``flock`` so one process owns the directory (its in-memory index must be
+the only writer).
 
-    magic b"RGC1" | u32 flags (0) | f64 expires_at (0 = none) | f64 cost | u32 key_len | u64 data_len
-    | 32-byte SHA-256 over (the 36 header bytes before it || key || data) | key | data
+- ``put`` appends a record to the active segment; a new segment starts when the active one would
+  pass ``capacity_bytes / 16`` (at most 64 MiB). ``delete`` appends a tombstone, so the entry stays
+  deleted after a restart. Overwritten, evicted and deleted records are dead bytes.
+- The budget counts whole segment files. The eviction policy picks victims until the live bytes
+  leave room; then the oldest segments are removed until the files do, and whatever is still live
+  in a removed segment is evicted with it (under LRU and FIFO those are the least recently
+  written). Files never exceed the budget.
+- Reads ``pread`` one record and verify its length, key and checksum; anything wrong (truncation,
+  bit flips, a torn write) is a miss and the entry is forgotten. A restart scans record headers in
+  write order (later records win; tombstones delete) and starts a new segment, so a torn tail is
+  never appended to.
 
-all little-endian. A write goes to ``tmp/``, is flushed and fsync'ed, then renamed over the final
-name, so a reader sees the old file, the new file, or none: never half of one. Reads verify length,
-key and checksum; anything wrong (truncation, bit flips, a foreign file) is a miss and the file is
-removed. The directory itself is not fsync'ed after a rename: a power loss may lose the newest
-entries, but never makes one read back wrong.
+With ``write_behind`` records are written by one writer thread: the caller (a request on an event
+loop) pays a queue append, and until a record lands its entry is served from the queue. A write
+the queue cannot take (more than ``max_pending_bytes`` waiting) is not stored, like any cache
+refusal; one the disk refuses is noticed at the next call and forgotten. ``close`` drains the
+queue, so a clean shutdown loses nothing; a crash loses at most the queued writes. ``fsync`` syncs
+the data once per batch the writer drains (per record without ``write_behind``); the directory is
+not synced, so a power loss may lose the newest entries but never makes one read back wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import struct
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachelayer.policies import make_policy
+from cachelayer.segment_log import (
+    SUFFIX,
+    SegmentWriter,
+    parse_record,
+    record_size,
+    scan_segment,
+    segment_path,
+)
 from cachelayer.stats import TierCounters, TierSnapshot
 from cachelayer.tier import Entry
 
 __all__ = ["DEFAULT_L3_BYTES", "CacheDirLockedError", "DiskTier", "DiskTierConfig"]
 
 DEFAULT_L3_BYTES = 8 * 1024 * 1024 * 1024
-
-_MAGIC = b"RGC1"
-_HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
-_HEADER_BYTES = _HEAD.size + 32
-_SUFFIX = ".rgc"
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+MAX_SEGMENT_BYTES = 64 * 1024 * 1024
+SEGMENTS_PER_BUDGET = 16
+_SEGMENTS = "seg"
 
 
 class CacheDirLockedError(RuntimeError):
@@ -54,21 +69,34 @@ class DiskTierConfig:
     name: str = "l3"
     """Name in stats and metrics."""
     capacity_bytes: int = DEFAULT_L3_BYTES
-    """Budget for whole files (header + key + value); never exceeded."""
+    """Budget for the segment files; never exceeded."""
     policy: str = "lru"
-    """Eviction policy: ``lru``, ``lfu``, ``fifo`` or ``adaptive`` (after a restart, by file age)."""
+    """Eviction policy: ``lru``, ``lfu``, ``fifo`` or ``adaptive`` (after a restart, by write order)."""
     fsync: bool = True
-    """fsync each file before it is renamed into place (off only for throwaway caches)."""
+    """fsync written data (see the module docstring; off only for throwaway caches)."""
+    write_behind: bool = False
+    """Write records on a writer thread (see the module docstring) instead of inside ``put``."""
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    """With ``write_behind``: bytes queued for the writer beyond which a ``put`` is refused."""
 
 
 @dataclass(slots=True)
 class _Meta:
+    seq: int
+    offset: int
     size: int
     expires_at: float | None
 
 
+@dataclass(slots=True)
+class _Segment:
+    size: int = 0
+    keys: set[bytes] = field(default_factory=set)
+    """Keys whose live record is in this segment."""
+
+
 class DiskTier:
-    """Content-addressed files under a byte budget; see the module docstring."""
+    """Segmented, checksummed entries under a byte budget; see the module docstring."""
 
     def __init__(self, config: DiskTierConfig, clock: Callable[[], float] = time.time) -> None:
         """Open (creating if needed) and index ``config.directory``; raises ``CacheDirLockedError``."""
@@ -78,32 +106,51 @@ class DiskTier:
         self._config = config
         self._clock = clock
         self._root = Path(config.directory)
-        self._tmp = self._root / "tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._folder = self._root / _SEGMENTS
+        self._folder.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self._root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
             raise CacheDirLockedError(f"cache directory {self._root} is in use by another process") from None
+        self._segment_limit = min(MAX_SEGMENT_BYTES, max(1, config.capacity_bytes // SEGMENTS_PER_BUDGET))
         self._policy = make_policy(config.policy)
         self._index: dict[bytes, _Meta] = {}
-        self._bytes = 0
+        self._segments: dict[int, _Segment] = {}
+        self._read_fds: dict[int, int] = {}
+        self._live_bytes = 0
+        self._file_bytes = 0
         self._counters = TierCounters()
+        self._active = 0
+        self._writer = SegmentWriter(
+            self._folder,
+            background=config.write_behind,
+            fsync=config.fsync,
+            max_pending_bytes=config.max_pending_bytes,
+        )
+        self.demotes = True
+        """Whether ``put`` reads back and returns what it evicts (False when nothing lies below)."""
         self._recover()
+
+    @property
+    def writes_behind(self) -> bool:
+        """Whether records are written by the writer thread rather than inside ``put``."""
+        return self._config.write_behind
 
     def get(self, key: bytes) -> Entry | None:
         """The verified entry for ``key``, or None."""
         self._counters.queries += 1
+        self._forget_failed_writes()
         meta = self._index.get(key)
         entry = None
         if meta is not None and meta.expires_at is not None and meta.expires_at <= self._clock():
-            self._remove(key)
+            self._forget(key)
             self._counters.expirations += 1
         elif meta is not None:
-            entry = self._read(key)
+            entry = self._read(key, meta)
             if entry is None:
-                self._remove(key)
+                self._forget(key)
                 self._counters.errors += 1
         if entry is None:
             self._counters.misses += 1
@@ -113,193 +160,193 @@ class DiskTier:
         return entry
 
     def contains(self, key: bytes) -> bool:
-        """Whether the index holds a live entry for ``key`` (the file is verified only on ``get``)."""
+        """Whether the index holds a live entry for ``key`` (the record is verified only on ``get``)."""
         meta = self._index.get(key)
         return meta is not None and (meta.expires_at is None or meta.expires_at > self._clock())
 
     def put(self, key: bytes, entry: Entry) -> list[tuple[bytes, Entry]]:
-        """Write ``entry`` atomically, evicting by policy first; returns the live entries pushed out."""
-        size = _HEADER_BYTES + len(key) + len(entry.data)
+        """Append ``entry``, evicting first; returns the live entries pushed out (when ``demotes``)."""
+        self._forget_failed_writes()
+        size = record_size(key, len(entry.data))
         if size > self._config.capacity_bytes:
             self.delete(key)
             return [(key, entry)]
         if key in self._index:
             self._forget(key)
-            self._policy.remove(key)
-        pushed_out: list[tuple[bytes, Entry]] = []
-        now = self._clock()
-        while self._bytes + size > self._config.capacity_bytes:
-            victim = self._policy.pop_victim()
-            assert victim is not None, "policy lost track of stored keys"
-            meta = self._index[victim]
-            live = meta.expires_at is None or meta.expires_at > now
-            evicted = self._read(victim) if live else None
-            self._forget(victim)
-            self._unlink(self._path(victim))
-            if evicted is not None:
-                self._counters.evictions += 1
-                pushed_out.append((victim, evicted))
-            elif live:  # unreadable: counted as an error, nothing to demote
-                self._counters.errors += 1
-            else:
-                self._counters.expirations += 1
-        if not self._write(key, entry):
+        pushed_out = self._make_room(size)
+        seq, offset = self._place(size)
+        if not self._writer.append(seq, offset, key, entry):
+            self._file_bytes -= size  # nothing was queued at that place: the bytes stay free
+            self._segments[seq].size -= size
             self._counters.errors += 1
             return [*pushed_out, (key, entry)]
-        self._index[key] = _Meta(size, entry.expires_at)
-        self._bytes += size
+        self._index[key] = _Meta(seq, offset, size, entry.expires_at)
+        self._segments[seq].keys.add(key)
+        self._live_bytes += size
         self._policy.insert(key, size, entry.cost)
         self._counters.puts += 1
         return pushed_out
 
     def delete(self, key: bytes) -> bool:
-        """Drop ``key``; True when it was present."""
+        """Drop ``key`` (a tombstone keeps it dropped after a restart); True when it was present."""
         if key not in self._index:
             return False
-        self._remove(key)
+        self._forget(key)
+        size = record_size(key, 0)
+        self._make_room(size)
+        seq, offset = self._place(size)
+        self._writer.append(seq, offset, key, None)
         return True
 
     def clear(self) -> None:
-        """Remove every entry file."""
-        for key in list(self._index):
-            self._unlink(self._path(key))
+        """Remove every segment file."""
+        for seq in list(self._segments):
+            self._drop_segment(seq)
         self._index.clear()
-        self._bytes = 0
+        self._live_bytes = 0
         self._policy = make_policy(self._config.policy)
+        self._roll()
 
     def stats(self) -> TierSnapshot:
-        """Counters and size now."""
+        """Counters and size now (``bytes``: the segment files, dead records included)."""
         return self._counters.snapshot(
             name=self.name,
             kind="disk",
             policy=self._config.policy,
-            size=self._bytes,
+            size=self._file_bytes,
             entries=len(self._index),
             capacity=self._config.capacity_bytes,
         )
 
     def close(self) -> None:
-        """Release the directory lock (the files stay for the next owner)."""
+        """Finish queued writes, then release the directory lock (the files stay for the next owner)."""
+        self._writer.close()
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    def _path(self, key: bytes) -> Path:
-        name = hashlib.sha256(key).hexdigest()
-        return self._root / name[:2] / (name + _SUFFIX)
-
-    def _write(self, key: bytes, entry: Entry) -> bool:
-        """Write atomically; False (and nothing left behind) when the disk refuses, e.g. when full."""
-        expires = 0.0 if entry.expires_at is None else entry.expires_at
-        head = _HEAD.pack(_MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
-        digest = hashlib.sha256(head + key + entry.data).digest()
-        final = self._path(key)
-        tmp = self._tmp / f"{final.stem}.{uuid.uuid4().hex}.tmp"
-        try:
-            final.parent.mkdir(exist_ok=True)
-            with open(tmp, "wb") as handle:
-                handle.write(head + digest + key)
-                handle.write(entry.data)
-                handle.flush()
-                if self._config.fsync:
-                    os.fsync(handle.fileno())
-            os.replace(tmp, final)
-        except OSError:
-            self._unlink(tmp)
-            return False
-        return True
-
-    def _read(self, key: bytes) -> Entry | None:
-        try:
-            with open(self._path(key), "rb") as handle:
-                blob = handle.read()
-        except OSError:
-            return None
-        parsed = _parse(blob, with_data=True)
-        if parsed is None or parsed[0] != key:
-            return None
-        _, expires_at, cost, data = parsed
-        return Entry(data=data, expires_at=expires_at, cost=cost)
-
-    def _recover(self) -> None:
-        """Index the files a previous owner left; drop temp files, expired and unreadable entries."""
-        for leftover in self._tmp.iterdir():
-            self._unlink(leftover)
-        found: list[tuple[float, bytes, _Meta, float]] = []
+    def _make_room(self, size: int) -> list[tuple[bytes, Entry]]:
+        """Evict by policy until the live bytes leave room, then drop the oldest segments until the
+        files do; returns what was evicted (read back only when ``demotes``)."""
+        pushed_out: list[tuple[bytes, Entry]] = []
         now = self._clock()
-        for path in self._root.glob(f"??/*{_SUFFIX}"):
-            scanned = _scan(path)
-            if scanned is None or scanned[0] != path.name.removesuffix(_SUFFIX):
-                self._unlink(path)
-                continue
-            _, mtime, key, expires_at, cost, size = scanned
-            if expires_at is not None and expires_at <= now:
-                self._unlink(path)
-                continue
-            found.append((mtime, key, _Meta(size, expires_at), cost))
-        for _, key, meta, cost in sorted(found, key=lambda item: item[0]):  # oldest first ~ recency
-            self._index[key] = meta
-            self._bytes += meta.size
-            self._policy.insert(key, meta.size, cost)
-        while self._bytes > self._config.capacity_bytes:  # the budget may have shrunk since last run
+        capacity = self._config.capacity_bytes
+        while self._live_bytes + size > capacity:
             victim = self._policy.pop_victim()
-            assert victim is not None
-            self._forget(victim)
-            self._unlink(self._path(victim))
+            assert victim is not None, "policy lost track of stored keys"
+            self._evict(victim, now, pushed_out)
+        while self._file_bytes + size > capacity:
+            oldest = min(self._segments)
+            for victim in list(self._segments[oldest].keys):
+                self._policy.remove(victim)
+                self._evict(victim, now, pushed_out)
+            self._drop_segment(oldest)
+            if oldest == self._active:
+                self._roll()
+        return pushed_out
 
-    def _remove(self, key: bytes) -> None:
-        self._forget(key)
-        self._policy.remove(key)
-        self._unlink(self._path(key))
+    def _evict(self, key: bytes, now: float, pushed_out: list[tuple[bytes, Entry]]) -> None:
+        meta = self._index[key]
+        live = meta.expires_at is None or meta.expires_at > now
+        evicted = self._read(key, meta) if live and self.demotes else None
+        self._unindex(key)
+        if evicted is not None:
+            pushed_out.append((key, evicted))
+        if live:
+            self._counters.evictions += 1
+        else:
+            self._counters.expirations += 1
+
+    def _place(self, size: int) -> tuple[int, int]:
+        """(segment, offset) for the next record of ``size`` bytes, rolling to a new segment if due."""
+        active = self._segments[self._active]
+        if active.size and active.size + size > self._segment_limit:
+            self._roll()
+            active = self._segments[self._active]
+        offset = active.size
+        active.size += size
+        self._file_bytes += size
+        return self._active, offset
+
+    def _roll(self) -> None:
+        self._active = max(self._segments, default=self._active) + 1
+        self._segments[self._active] = _Segment()
+
+    def _drop_segment(self, seq: int) -> None:
+        segment = self._segments.pop(seq)
+        self._file_bytes -= segment.size
+        fd = self._read_fds.pop(seq, None)
+        if fd is not None:
+            os.close(fd)
+        self._writer.drop(seq)
+
+    def _read(self, key: bytes, meta: _Meta) -> Entry | None:
+        queued = self._writer.pending(key, meta.seq, meta.offset)
+        if queued is not None:
+            return queued
+        try:
+            fd = self._read_fds.get(meta.seq)
+            if fd is None:
+                fd = os.open(segment_path(self._folder, meta.seq), os.O_RDONLY)
+                self._read_fds[meta.seq] = fd
+            blob = os.pread(fd, meta.size, meta.offset)
+        except OSError:
+            return None
+        return parse_record(blob, key)
 
     def _forget(self, key: bytes) -> None:
-        self._bytes -= self._index.pop(key).size
+        """Drop ``key`` from the index and the policy (its record becomes dead bytes)."""
+        self._unindex(key)
+        self._policy.remove(key)
 
-    @staticmethod
-    def _unlink(path: Path) -> None:
-        with contextlib.suppress(OSError):  # gone already, or unremovable: either way not ours to read
-            path.unlink()
+    def _unindex(self, key: bytes) -> None:
+        meta = self._index.pop(key)
+        self._live_bytes -= meta.size
+        segment = self._segments.get(meta.seq)
+        if segment is not None:
+            segment.keys.discard(key)
 
+    def _forget_failed_writes(self) -> None:
+        """Forget entries whose record the disk refused (unless rewritten elsewhere since)."""
+        failed = self._writer.failed
+        while failed:
+            miss = failed.popleft()
+            meta = self._index.get(miss.key)
+            if meta is not None and (meta.seq, meta.offset) == (miss.seq, miss.offset):
+                self._forget(miss.key)
+                self._counters.errors += 1
 
-def _scan(path: Path) -> tuple[str, float, bytes, float | None, float, int] | None:
-    """(sha256(key) hex, mtime, key, expires_at, cost, file size) from a file's header, or None."""
-    try:
-        with open(path, "rb") as handle:
-            stat = os.fstat(handle.fileno())
-            head = handle.read(_HEADER_BYTES)
-            if len(head) != _HEADER_BYTES:
-                return None
-            magic, _, _, _, key_len, data_len = _HEAD.unpack_from(head)
-            if magic != _MAGIC or _HEADER_BYTES + key_len + data_len != stat.st_size:
-                return None
-            parsed = _parse(head + handle.read(key_len), with_data=False)
-    except OSError:
-        return None
-    if parsed is None:
-        return None
-    key, expires_at, cost, _ = parsed
-    return hashlib.sha256(key).hexdigest(), stat.st_mtime, key, expires_at, cost, stat.st_size
-
-
-def _parse(blob: bytes, *, with_data: bool) -> tuple[bytes, float | None, float, bytes] | None:
-    """(key, expires_at, cost, data) from a file's bytes, or None if they are not a valid entry.
-
-    Without ``with_data`` only the header and key are checked (the startup scan); the checksum is
-    verified on every read.
-    """
-    if len(blob) < _HEADER_BYTES:
-        return None
-    magic, _, expires, cost, key_len, data_len = _HEAD.unpack_from(blob)
-    if magic != _MAGIC:
-        return None
-    key = blob[_HEADER_BYTES : _HEADER_BYTES + key_len]
-    if len(key) != key_len:
-        return None
-    data = b""
-    if with_data:
-        if len(blob) != _HEADER_BYTES + key_len + data_len:
-            return None
-        data = blob[_HEADER_BYTES + key_len :]
-        if hashlib.sha256(blob[: _HEAD.size] + key + data).digest() != blob[_HEAD.size : _HEADER_BYTES]:
-            return None
-    return key, (None if expires == 0.0 else expires), cost, data
+    def _recover(self) -> None:
+        """Index the segments a previous owner left (write order; tombstones delete), drop expired
+        entries, shrink to the budget, and start a new active segment."""
+        for legacy in (*self._root.glob("??/*.rgc"), *self._root.glob("tmp/*.tmp")):  # the old layout
+            with contextlib.suppress(OSError):
+                legacy.unlink()
+                legacy.parent.rmdir()
+        seqs = sorted(int(path.name.removesuffix(SUFFIX)) for path in self._folder.glob(f"*{SUFFIX}"))
+        now = self._clock()
+        for seq in seqs:
+            path = segment_path(self._folder, seq)
+            segment = self._segments[seq] = _Segment(size=os.stat(path).st_size)
+            self._file_bytes += segment.size
+            for record in scan_segment(path):
+                if record.key in self._index:
+                    self._forget(record.key)
+                if record.tombstone or (record.expires_at is not None and record.expires_at <= now):
+                    continue
+                self._index[record.key] = _Meta(seq, record.offset, record.size, record.expires_at)
+                segment.keys.add(record.key)
+                self._live_bytes += record.size
+                self._policy.insert(record.key, record.size, record.cost)
+        self._active = seqs[-1] if seqs else 0
+        self._roll()
+        for seq in seqs:  # the oldest segments holding nothing live are only dead bytes (a newer one
+            if self._segments[seq].keys:  # may hold tombstones for records in older ones: it stays)
+                break
+            self._drop_segment(seq)
+        demotes, self.demotes = self.demotes, False
+        self._make_room(0)  # the budget may have shrunk since the last run
+        self.demotes = demotes

@@ -26,6 +26,7 @@ Never Python's ``hash()`` or pickle: both differ between processes and versions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from array import array
@@ -74,6 +75,7 @@ def _u32_le(tokens: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+@functools.lru_cache(maxsize=4096)  # a few seeds (model x tenant) serve every request
 def seed_hash(seed: KeySeed, block_size: int) -> bytes:
     """The chain's root digest for ``seed`` and ``block_size``."""
     fields = (seed.model_id, seed.tokenizer_hash, seed.tenant_salt)

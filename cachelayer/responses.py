@@ -122,8 +122,8 @@ def canonical_request(raw_body: bytes, *, streamed: bool) -> bytes:
 class ResponseCache:
     """Keys, encodes and stores answers in a ``TieredStore``.
 
-    ``get`` and ``put`` block on whatever the store's tiers do (disk, Redis); ``blocking`` says
-    whether any tier does I/O, so an async caller knows when to run them in a worker thread.
+    ``get`` and ``put`` block on whatever the store's tiers do (disk, Redis); ``get_blocks`` and
+    ``puts_block`` say when a call may, so an async caller runs only those in a worker thread.
     """
 
     def __init__(self, store: TieredStore, *, share_across_tenants: bool = False) -> None:
@@ -131,6 +131,13 @@ class ResponseCache:
         self.store = store
         self.share_across_tenants = share_across_tenants
         self.blocking = any(tier.kind != "memory" for tier in store.stats().tiers)
+        """Whether some tier does I/O (then ask ``get_blocks`` / ``puts_block`` per call)."""
+        self.puts_block = store.puts_block
+        """Whether ``put`` may wait on I/O (an event-loop caller then runs it in a thread)."""
+
+    def get_blocks(self, key: bytes) -> bool:
+        """Whether ``get(key)`` may wait on I/O (an event-loop caller then runs it in a thread)."""
+        return self.blocking and self.store.get_blocks(key)
 
     def key(
         self,

@@ -12,7 +12,9 @@ The Redis tier, when configured, is the last level; with ``share_on_put`` every 
 it at once so other replicas see the value, whatever the write policy.
 
 Keys are bytes from ``cachelayer.keys``. Thread-safe: one lock serialises every call, including
-disk I/O, so callers on an event loop should run the store in a worker thread.
+disk I/O. A caller on an event loop asks ``get_blocks(key)`` and ``puts_block`` whether a call may
+wait on I/O and runs only those in a worker thread: a miss that no tier's index knows, or a put
+whose disk write is queued for the L3 writer thread (``write_behind``), runs in microseconds.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ class TieredStore:
         self._lock = threading.RLock()
         self._queries = 0
         self._hits = 0
+        self._io_levels = [level for level in self._levels if not isinstance(level, MemoryTier)]
+        for level in self._levels:  # a disk tier reads back what it evicts only when a tier below takes it
+            if isinstance(level, DiskTier):
+                level.demotes = self._write_back and level is not self._levels[-1]
+        self.puts_block = remote is not None or any(
+            isinstance(level, DiskTier) and not level.writes_behind for level in self._levels
+        )
+        """Whether ``put`` may wait on I/O (Redis, or a disk tier writing inside the call)."""
 
     @classmethod
     def from_config(cls, config: StoreConfig, clock: Callable[[], float] = time.time) -> TieredStore:
@@ -125,6 +135,15 @@ class TieredStore:
                     self._store_at(upper, key, entry)
                 return entry.data
             return None
+
+    def get_blocks(self, key: bytes) -> bool:
+        """Whether ``get(key)`` may wait on I/O: Redis is configured, or only a disk tier holds it."""
+        if self._remote is not None:
+            return True
+        with self._lock:
+            return any(level.contains(key) for level in self._io_levels) and not any(
+                level.contains(key) for level in self._levels if isinstance(level, MemoryTier)
+            )
 
     def locate(self, key: bytes) -> str | None:
         """Name of the fastest tier holding ``key``, without reading or promoting it (None if absent).

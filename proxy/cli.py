@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -158,12 +159,21 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.routing.launch import Launcher
 
     with Launcher() as launcher:
+        # Until uvicorn installs its own handlers, SIGTERM must unwind through `with` so launched
+        # workers are stopped (the default action would end this process on the spot).
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             settings = with_launched_workers(settings, launcher)
         except RuntimeError as exc:
             print(f"radixgate: {exc}", file=sys.stderr)
             return EXIT_STARTUP_FAILED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return _run(settings, create_app)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:

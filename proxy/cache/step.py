@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -42,7 +42,6 @@ logger = logging.getLogger("radixgate.cache")
 Outcome = Literal["hit", "miss", "bypass"]
 Forward = Callable[[Send], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
-T = TypeVar("T")
 
 CACHE_HEADER = b"x-radixgate-cache"
 _CACHE_CONTROL = b"cache-control"
@@ -168,7 +167,9 @@ class ResponseCacheStep:
         if self.cache is None:
             return None
         try:
-            return await self._run(self.cache.get, key)
+            if self.cache.get_blocks(key):
+                return await asyncio.to_thread(self.cache.get, key)
+            return self.cache.get(key)
         except Exception:  # the cache must never fail a request: a broken store is a miss
             logger.exception("response cache lookup failed")
             return None
@@ -183,7 +184,10 @@ class ResponseCacheStep:
             cache.put(key, response, cost=max(1.0, float(response.completion_tokens)))
 
         try:
-            await self._run(put)
+            if cache.puts_block:
+                await asyncio.to_thread(put)
+            else:
+                put()
         except Exception:
             logger.exception("response cache store failed")
             return False
@@ -215,13 +219,6 @@ class ResponseCacheStep:
         if call is not None:
             call.outcome, call.forward_started = outcome, time.perf_counter()
         await forward(send)
-
-    async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        """Memory-only stores answer in microseconds on the loop; disk and Redis go to a thread."""
-        assert self.cache is not None
-        if self.cache.blocking:
-            return await asyncio.to_thread(function, *args)
-        return function(*args)
 
 
 async def _replay(send: Send, stored: StoredResponse, headers: Headers) -> None:

@@ -5,11 +5,14 @@
 
 Each launched process gets a free 127.0.0.1 port and becomes a worker of the pool. The gateway
 waits until every process answers its health endpoint, and terminates them when it exits.
+On Linux each child also asks the kernel for SIGTERM when the gateway dies (`PR_SET_PDEATHSIG`), so
+a gateway killed with SIGKILL leaves no orphaned workers behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
@@ -29,6 +32,19 @@ DEFAULT_STARTUP_TIMEOUT_S = 600.0
 """Seconds a launched worker may take to become healthy (SGLang loads weights and captures graphs)."""
 DEFAULT_SGLANG_MEM_FRACTION = 0.85
 STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when its parent thread exits."""
+
+
+def _die_with_parent() -> None:
+    """Run in the child between fork and exec: SIGTERM this process when the gateway goes away."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _spawn(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    return subprocess.Popen(command, env=env, preexec_fn=preexec)
 
 
 class SGLangLaunchSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -123,7 +139,7 @@ class Launcher:
         started = []
         for _ in range(count):
             port = free_port()
-            process = subprocess.Popen(local_worker_command(port, config), env=env)
+            process = _spawn(local_worker_command(port, config), env)
             started.append(Launched("openai", f"http://127.0.0.1:{port}", "/health/ready", process))
         self.launched += started
         return started
@@ -135,7 +151,7 @@ class Launcher:
         started = []
         for replica in range(settings.replicas):
             port = free_port()
-            process = subprocess.Popen(sglang_command(settings, replica, port))
+            process = _spawn(sglang_command(settings, replica, port))
             started.append(Launched("sglang", f"http://127.0.0.1:{port}", "/health", process))
         self.launched += started
         return started

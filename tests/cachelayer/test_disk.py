@@ -14,6 +14,7 @@ import pytest
 
 from cachelayer.disk import CacheDirLockedError, DiskTier, DiskTierConfig
 from cachelayer.memory import MemoryTierConfig
+from cachelayer.segment_log import segment_path
 from cachelayer.tier import Entry
 from cachelayer.tiers import StoreConfig, TieredStore
 
@@ -66,28 +67,58 @@ def test_entries_survive_a_process_restart(tmp_path: Path) -> None:
     assert disk.get(b"expired") is None
 
 
-def test_corrupt_or_truncated_files_are_misses_and_removed(tmp_path: Path) -> None:
+def _record_place(disk: DiskTier, key: bytes) -> tuple[Path, int, int]:
+    """(segment file, offset, size) of ``key``'s live record."""
+    meta = disk._index[key]
+    return Path(segment_path(tmp_segments(disk), meta.seq)), meta.offset, meta.size
+
+
+def tmp_segments(disk: DiskTier) -> Path:
+    return disk._folder
+
+
+def test_corrupt_or_truncated_records_are_misses_and_forgotten(tmp_path: Path) -> None:
     disk = tier(tmp_path)
-    for name in (b"flip", b"cut", b"fine"):
+    for name in (b"flip", b"fine", b"cut"):
         disk.put(name, Entry(payload(name, 1, 5000), None))
-    flip, cut = disk._path(b"flip"), disk._path(b"cut")
-    raw = bytearray(flip.read_bytes())
-    raw[-100] ^= 0x01
-    flip.write_bytes(bytes(raw))
-    cut.write_bytes(cut.read_bytes()[:3000])
-    assert disk.get(b"flip") is None and not flip.exists()
-    assert disk.get(b"cut") is None and not cut.exists()
-    assert disk.stats().errors == 2
+    segment, flip_at, flip_size = _record_place(disk, b"flip")
+    _, cut_at, _ = _record_place(disk, b"cut")
+    raw = bytearray(segment.read_bytes())
+    raw[flip_at + flip_size - 100] ^= 0x01
+    segment.write_bytes(bytes(raw[: cut_at + 3000]))  # and the last record torn
+    assert disk.get(b"flip") is None and disk.get(b"cut") is None
+    assert disk.stats().errors == 2 and disk.stats().entries == 1
+    assert disk.get(b"flip") is None and disk.stats().errors == 2  # forgotten: not read again
     got = disk.get(b"fine")
     assert got is not None and is_intact(b"fine", got.data)
     disk.close()
-    (tmp_path / "ab").mkdir(exist_ok=True)
-    junk = tmp_path / "ab" / ("ab" + "0" * 62 + ".rgc")
-    junk.write_bytes(b"not a cache file")
-    (tmp_path / "tmp" / "half-written.tmp").write_bytes(b"partial")
+    legacy = tmp_path / "ab" / ("ab" + "0" * 62 + ".rgc")  # the old one-file-per-entry layout
+    legacy.parent.mkdir()
+    legacy.write_bytes(b"an entry in the old format")
     reopened = tier(tmp_path)
-    assert not junk.exists() and not list((tmp_path / "tmp").iterdir())
-    assert reopened.stats().entries == 1
+    assert not legacy.exists() and not legacy.parent.exists()
+    # The torn record ends the scan of its segment; the flipped one is found and fails on read.
+    assert reopened.get(b"cut") is None and reopened.get(b"flip") is None
+    got = reopened.get(b"fine")
+    assert got is not None and is_intact(b"fine", got.data)
+
+
+@pytest.mark.parametrize("capacity", [1 << 30, 4_000], ids=["one segment", "a record per segment"])
+def test_deletes_and_overwrites_hold_after_restarts(tmp_path: Path, capacity: int) -> None:
+    disk = tier(tmp_path, capacity)
+    disk.put(b"gone", Entry(payload(b"gone", 1, 300), None))
+    disk.put(b"other", Entry(payload(b"other", 1, 300), None))
+    disk.put(b"kept", Entry(payload(b"kept", 1, 300), None))
+    disk.put(b"kept", Entry(payload(b"kept", 2, 400), None))
+    assert disk.delete(b"gone") and not disk.delete(b"gone")
+    disk.close()
+    for _ in range(2):  # the second restart reads what the first one left
+        reopened = tier(tmp_path, capacity)
+        assert reopened.get(b"gone") is None
+        got = reopened.get(b"kept")
+        assert got is not None and got.data == payload(b"kept", 2, 400)
+        assert reopened.stats().entries == 2
+        reopened.close()
 
 
 @pytest.mark.parametrize("delay_s", [0.3, 0.6, 0.9])
@@ -106,7 +137,7 @@ def test_sigkill_mid_writes_never_leaves_a_wrong_entry(tmp_path: Path, delay_s: 
                 disk.put(key, Entry(payload(key, version, (version * 7919 + i * 104729) % 200_000), None))
     """)
     deadline = time.monotonic() + 30
-    while not any(tmp_path.glob("??/*.rgc")) and time.monotonic() < deadline:
+    while not any(tmp_path.glob("seg/*.rgs")) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(delay_s)
     writer.send_signal(signal.SIGKILL)
@@ -137,11 +168,11 @@ def test_budget_evicts_files_and_shrinks_on_reopen(tmp_path: Path) -> None:
         disk.put(b"k%d" % i, Entry(payload(b"k%d" % i, 1, 9_000), None))
     stats = disk.stats()
     assert stats.bytes is not None and stats.bytes <= 50_000 and stats.evictions == 5
-    assert len(list(tmp_path.glob("??/*.rgc"))) == stats.entries == 5
+    assert len(list(tmp_path.glob("seg/*.rgs"))) == stats.entries == 5  # a 9 KB record per segment
     assert disk.get(b"k0") is None and disk.get(b"k9") is not None
     disk.close()
     smaller = tier(tmp_path, capacity=20_000)
-    assert smaller.stats().entries == 2 and len(list(tmp_path.glob("??/*.rgc"))) == 2
+    assert smaller.stats().entries == 2 and len(list(tmp_path.glob("seg/*.rgs"))) == 2
     assert disk.put(b"huge", Entry(b"x" * 100_000, None)) == [(b"huge", Entry(b"x" * 100_000, None))]
 
 
@@ -163,3 +194,44 @@ def test_store_demotes_to_disk_and_finds_it_after_restart(tmp_path: Path) -> Non
     assert store.get(b"k0") == payload(b"k0", 1, 2_000)
     assert [t.hits for t in store.stats().tiers] == [1, 0, 1]  # promoted on the first hit
     store.close()
+
+
+def test_write_behind_serves_queued_entries_and_close_lands_them(tmp_path: Path) -> None:
+    disk = DiskTier(DiskTierConfig(directory=tmp_path, capacity_bytes=60_000, write_behind=True))
+    for i in range(10):
+        disk.put(b"k%d" % i, Entry(payload(b"k%d" % i, 1, 9_000), None))
+    disk.delete(b"k9")
+    got = disk.get(b"k8")  # served from the queue or the file, whichever is current
+    assert got is not None and is_intact(b"k8", got.data)
+    assert disk.get(b"k9") is None and disk.get(b"k0") is None
+    disk.close()
+    reopened = tier(tmp_path, capacity=60_000)
+    assert reopened.stats().entries == 5
+    for i in range(4, 9):  # 6 records of 9,070 bytes fit 60,000; k9 was deleted
+        got = reopened.get(b"k%d" % i)
+        assert got is not None and is_intact(b"k%d" % i, got.data)
+    assert reopened.get(b"k9") is None
+
+
+def test_write_behind_refuses_past_its_queue_budget_and_forgets_refused_writes(tmp_path: Path) -> None:
+    disk = DiskTier(DiskTierConfig(directory=tmp_path, write_behind=True, max_pending_bytes=0))
+    value = Entry(payload(b"k", 1, 100), None)
+    assert disk.put(b"k", value) == [(b"k", value)]  # the queue took nothing: handed back, not stored
+    assert disk.get(b"k") is None and disk.stats().entries == 0
+    disk.close()
+
+
+def test_a_store_with_write_behind_disk_never_blocks_on_a_miss_or_a_put(tmp_path: Path) -> None:
+    l3 = DiskTierConfig(directory=tmp_path, capacity_bytes=1_000_000, write_behind=True)
+    l1 = MemoryTierConfig(name="l1", capacity_bytes=3_000)
+    store = TieredStore.from_config(StoreConfig(l1=l1, l2=None, l3=l3))
+    assert not store.puts_block
+    for i in range(6):
+        store.put(b"k%d" % i, payload(b"k%d" % i, 1, 2_000))
+    assert store.locate(b"k0") == "l3" and store.get_blocks(b"k0")
+    assert store.locate(b"k5") == "l1" and not store.get_blocks(b"k5")
+    assert not store.get_blocks(b"never stored")
+    store.close()
+    synchronous = TieredStore.from_config(StoreConfig(l3=DiskTierConfig(directory=tmp_path)))
+    assert synchronous.puts_block
+    synchronous.close()

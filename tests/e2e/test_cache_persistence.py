@@ -74,7 +74,7 @@ def _ask(base_url: str, **options: Any) -> tuple[str, list[str]]:
 def test_answers_on_disk_survive_a_restart(tmp_path: Path, upstream: UpstreamServer) -> None:
     with serve(upstream, tmp_path) as url:
         first = _ask(url)
-    assert list((tmp_path / "responses").glob("??/*.rgc")), "the answer was written to L3"
+    assert list((tmp_path / "responses" / "seg").glob("*.rgs")), "the answer was written to L3"
     with serve(upstream, tmp_path) as url:
         second = _ask(url)
         stats = httpx.get(f"{url}/cache/stats").json()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from proxy.config import SettingsError, load_settings
 from proxy.routing.from_settings import child_worker_toml, pool_settings, worker_spec
 from proxy.routing.launch import SGLangLaunchSettings, local_worker_command, sglang_command
+from tests.e2e.routing_support import REPO
 
 
 def test_sglang_replicas_get_their_own_gpu_with_cache_reports_and_metrics_on() -> None:
@@ -90,3 +94,38 @@ def test_launched_workers_inherit_the_local_engine_settings() -> None:
     settings = load_settings(None, environ={}, overrides={"local_engine.max_running": 4})
     text = child_worker_toml(settings)
     assert "[local_engine]" in text and "max_running = 4" in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_launched_worker_dies_with_a_gateway_killed_by_sigkill(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    gateway_stand_in = (
+        "import sys, time\n"
+        "from proxy.routing.launch import _spawn\n"
+        "worker = _spawn([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(worker.pid))\n"
+        "time.sleep(120)\n"
+    )
+    gateway = subprocess.Popen([sys.executable, "-c", gateway_stand_in], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the stand-in gateway never launched its worker"
+            time.sleep(0.05)
+        worker_pid = int(pid_file.read_text())
+    finally:
+        gateway.kill()
+        gateway.wait()
+    deadline = time.monotonic() + 10
+    while _alive(worker_pid):
+        assert time.monotonic() < deadline, "the worker outlived its killed gateway"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone: it has exited, only its entry remains)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
