@@ -7,6 +7,7 @@ reach the upstream unchanged; answers come back as raw bytes too. httpx errors b
     connect error, connect timeout    -> UpstreamUnreachable (502, retryable)
     read or write timeout             -> UpstreamTimeout (504, retryable)
     local connection pool exhausted   -> EngineOverloaded (503, retryable)
+    other transport errors            -> UpstreamUnreachable (502)
     non-2xx answer                    -> UpstreamStatusError (4xx relayed, 5xx as 502)
     `data: {"error": ...}` in a stream -> InBandError
 """
@@ -29,54 +30,11 @@ from adapters.errors import (
 )
 from adapters.schema import ErrorProbe, ResponseProbe, probe_response
 from adapters.sse import DONE, SSEDecoder, SSEEvent
-
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
-DEFAULT_READ_TIMEOUT_S = 300.0
-DEFAULT_WRITE_TIMEOUT_S = 30.0
-DEFAULT_POOL_TIMEOUT_S = 10.0
-DEFAULT_MAX_CONNECTIONS = 1024
-DEFAULT_MAX_KEEPALIVE_CONNECTIONS = 256
-DEFAULT_KEEPALIVE_EXPIRY_S = 4.0  # under the 5 s idle timeout of uvicorn and SGLang servers
-DEFAULT_HEALTH_TIMEOUT_S = 2.0
+from adapters.upstream_client import UpstreamClient
+from adapters.upstream_client import UpstreamClientConfig as UpstreamClientConfig  # its historic home
 
 _PATHS = {"chat": "chat/completions", "text_completion": "completions"}
 _ERROR_SNIPPET_CHARS = 300
-
-
-class UpstreamClientConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Connection pool and timeouts of the HTTP client each upstream gets."""
-
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    """Seconds to open a TCP connection to the upstream."""
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    """Seconds to wait for the answer, and between two chunks of a stream."""
-    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
-    """Seconds to send the request body."""
-    pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S
-    """Seconds to wait for a free connection when `max_connections` are busy (then 503)."""
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    """Concurrent connections to one upstream; one per in-flight request."""
-    max_keepalive_connections: int = DEFAULT_MAX_KEEPALIVE_CONNECTIONS
-    """Idle connections kept open for reuse."""
-    keepalive_expiry_s: float = DEFAULT_KEEPALIVE_EXPIRY_S
-    """Seconds an idle connection stays in the pool."""
-    health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
-    """Seconds a health check (`GET /v1/models`) may take."""
-
-    def timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(
-            connect=self.connect_timeout_s,
-            read=self.read_timeout_s,
-            write=self.write_timeout_s,
-            pool=self.pool_timeout_s,
-        )
-
-    def limits(self) -> httpx.Limits:
-        return httpx.Limits(
-            max_connections=self.max_connections,
-            max_keepalive_connections=self.max_keepalive_connections,
-            keepalive_expiry=self.keepalive_expiry_s,
-        )
 
 
 def api_root(base_url: str) -> str:
@@ -108,11 +66,9 @@ class OpenAICompatEngine:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        # trust_env=False: upstreams are internal; an HTTP(S)_PROXY meant for the internet must not
-        # capture them. One client per upstream so its pool limits are per upstream.
-        self._client = httpx.AsyncClient(
-            headers=headers, timeout=self.config.timeout(), limits=self.config.limits(), trust_env=False
-        )
+        # One client per upstream so its pool limits are per upstream.
+        self._upstream = UpstreamClient(self.config, headers)
+        self._client = self._upstream.http
 
     def __repr__(self) -> str:
         return f"OpenAICompatEngine({self._models_url.copy_with(path='/')!s})"
@@ -121,7 +77,7 @@ class OpenAICompatEngine:
         """POST the raw body and return the upstream's JSON answer unchanged."""
         url = self._urls[request.operation]
         try:
-            response = await self._client.post(url, content=request.raw_body, headers=_headers(request))
+            response = await self._upstream.post(url, request.raw_body, _headers(request))
         except httpx.HTTPError as exc:
             raise _transport_error(exc, mid_stream=False) from exc
         if response.status_code >= 300:
@@ -141,11 +97,8 @@ class OpenAICompatEngine:
         """POST the raw body and yield each SSE `data` payload; closing the iterator closes the
         connection, which is how the upstream learns that the client went away."""
         url = self._urls[request.operation]
-        http_request = self._client.build_request(
-            "POST", url, content=request.raw_body, headers=_headers(request)
-        )
         try:
-            response = await self._client.send(http_request, stream=True)
+            response = await self._upstream.post_streaming(url, request.raw_body, _headers(request))
         except httpx.HTTPError as exc:
             raise _transport_error(exc, mid_stream=False) from exc
         try:
@@ -189,7 +142,7 @@ class OpenAICompatEngine:
         return True
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._upstream.aclose()
 
 
 class _ModelEntry(msgspec.Struct):

@@ -6,6 +6,7 @@ pool, radix prefix reuse (SGLang's RadixAttention) and continuous batching.
     tokenizer / chat_template   the vocabulary and prompt format from GGUF metadata
     model / attention / kv_pool the forward pass over fixed-size KV pages (no page copies)
     prefix_cache                the radix tree of cached pages (cachelayer.radix)
+    offload*                    evicted pages to memory/disk and back (cachelayer.tiers)
     scheduler / runner / core   continuous batching on the engine thread
     sampling / text_stream      next-token choice, stop strings, UTF-8-safe text
     prepare / openai_format     OpenAI request in, OpenAI body or chunks out

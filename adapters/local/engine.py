@@ -27,6 +27,7 @@ from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore, EngineStats
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
+from adapters.local.offload import KVOffload, OffloadStats
 from adapters.local.openai_format import ResponseWriter
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.prepare import EngineLimits, PreparedRequest, prepare
@@ -56,6 +57,13 @@ class _Loaded:
     tokenizer: TextTokenizer
     template: ChatTemplate
     limits: EngineLimits
+    offload: KVOffload | None = None
+
+    def stop(self) -> None:
+        """Stop the engine thread, then finish the offload's disk writes and release its directory."""
+        self.core.stop()
+        if self.offload is not None:
+            self.offload.close()
 
 
 class LocalEngine:
@@ -112,8 +120,25 @@ class LocalEngine:
             torch.set_num_threads(cfg.threads)
         num_pages = cfg.kv_budget_tokens // cfg.page_size
         pool = KVPool(spec, num_pages, cfg.page_size, model.dtype)
+        offload = (
+            KVOffload(
+                pool,
+                model_id=f"{cfg.model_id}/{cfg.dtype}",  # KV of another dtype is another cache
+                tokenizer_hash=loaded.sha256,  # the GGUF holds the tokenizer and template too
+                memory_bytes=cfg.kv_offload_memory_bytes,
+                directory=cfg.kv_offload_dir.expanduser() if cfg.kv_offload_dir is not None else None,
+                disk_bytes=cfg.kv_offload_disk_bytes,
+                min_speedup=cfg.kv_offload_min_speedup,
+            )
+            if cfg.kv_offload and cfg.radix_cache
+            else None
+        )
         cache = PrefixCache(
-            pool, enabled=cfg.radix_cache, max_cached_tokens=cfg.max_cached_tokens, policy=cfg.eviction_policy
+            pool,
+            enabled=cfg.radix_cache,
+            max_cached_tokens=cfg.max_cached_tokens,
+            policy=cfg.eviction_policy,
+            offload=offload,
         )
         scheduler = Scheduler(
             pool,
@@ -140,11 +165,18 @@ class LocalEngine:
             page_size=cfg.page_size,
             max_n=cfg.max_running,
         )
-        return _Loaded(core=core, tokenizer=tokenizer, template=loaded.template, limits=limits)
+        return _Loaded(
+            core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload
+        )
 
     def stats(self) -> EngineStats | None:
         """Pool, cache and queue figures; None before `start`."""
         return self._loaded.core.stats() if self._loaded is not None else None
+
+    def kv_offload_stats(self) -> OffloadStats | None:
+        """Counters of the KV offload store (L2/L3); None before `start` or with offload off."""
+        offload = self._loaded.offload if self._loaded is not None else None
+        return offload.stats() if offload is not None else None
 
     def encode_prompt(self, params: GenerationRequest) -> list[list[int]]:
         """The token ids this engine would run for each prompt of `params` (for routing)."""
@@ -239,14 +271,14 @@ class LocalEngine:
         loading, self._loading, self._loaded = self._loading, None, None
         if loading is not None:
             with contextlib.suppress(Exception):
-                await asyncio.to_thread((await asyncio.wrap_future(loading)).core.stop)
+                await asyncio.to_thread((await asyncio.wrap_future(loading)).stop)
 
     def close_sync(self) -> None:
         """Blocking `aclose`, for scripts and benchmarks without an event loop."""
         loading, self._loading, self._loaded = self._loading, None, None
         if loading is not None:
             with contextlib.suppress(Exception):
-                loading.result().core.stop()
+                loading.result().stop()
 
     # ---- internals -------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
+from adapters.local.config import UnsupportedModelError
+
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_QUANT_TYPES = frozenset(
     {
@@ -53,10 +55,6 @@ _LAYER_TENSORS = (
     "ffn_up",
     "ffn_down",
 )
-
-
-class UnsupportedModelError(ValueError):
-    """The file is not a GGUF this engine can run (missing, wrong architecture or quantization)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from adapters.local.gguf_convert import ModelSpec
@@ -98,6 +100,44 @@ class KVPool:
             self._refs[page] = refs
             if refs == 0:
                 heapq.heappush(self._free, page)
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        """One page of K (or of V) across every layer: `[layers, page_size, kv_heads, head_dim]`."""
+        return (self.k.shape[0], *self.k.shape[2:])
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page's K and V together, every layer."""
+        return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+    def export_page(self, page: int, header: bytes = b"") -> bytes:
+        """`header`, then `page`'s K then V, every layer, as raw bytes of the pool's dtype in C order
+        of `page_shape` (the header is written in place, saving a copy of the page)."""
+        k_bytes, v_bytes = self._byte_views()
+        half = self.page_nbytes // 2
+        out = np.empty(len(header) + 2 * half, dtype=np.uint8)
+        out[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+        shape = k_bytes[:, page].shape
+        out[len(header) : len(header) + half].reshape(shape)[...] = k_bytes[:, page]
+        out[len(header) + half :].reshape(shape)[...] = v_bytes[:, page]
+        return out.tobytes()
+
+    def import_page(self, page: int, data: bytes, offset: int = 0) -> None:
+        """Write `export_page` bytes (starting at `offset` in `data`) into `page`."""
+        k_bytes, v_bytes = self._byte_views()
+        shape = k_bytes[:, page].shape
+        half = self.page_nbytes // 2
+        k_bytes[:, page] = np.frombuffer(data, dtype=np.uint8, count=half, offset=offset).reshape(shape)
+        v_bytes[:, page] = np.frombuffer(data, dtype=np.uint8, count=half, offset=offset + half).reshape(
+            shape
+        )
+        self._zeroed[page] = True
+
+    def _byte_views(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+        # numpy views of the same memory: a page copy is a plain single-threaded memcpy, where torch's
+        # copy_ would wake its intra-op threads (ms of barrier waits on a busy 2-core machine).
+        return self.k.view(torch.uint8).numpy(), self.v.view(torch.uint8).numpy()
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy one page's KV in every layer (copy-on-write of a shared partial page)."""

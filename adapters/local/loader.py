@@ -6,18 +6,27 @@ benchmark, or tests with different schedulers) can share one copy of the weights
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from adapters.local.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
-from adapters.local.checkpoint import default_model_path, load_checkpoint
-from adapters.local.config import DType, LocalEngineConfig
+from adapters.local.checkpoint import load_checkpoint
+from adapters.local.config import DType, LocalEngineConfig, default_model_path
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.model import LlamaModel
 from adapters.local.tokenizer import TextTokenizer
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+MMAP_THRESHOLD_BYTES = 1 << 20
+"""Allocations at least this big get their own mapping, returned to the OS when freed (glibc)."""
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number, from glibc's malloc.h
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -44,9 +53,31 @@ def load_model(config: LocalEngineConfig) -> LoadedModel:
         eos_token=_token_text(tokenizer, checkpoint.special.eos_id),
     )
     model = LlamaModel(checkpoint.spec, checkpoint.tensors, TORCH_DTYPES[config.dtype])
-    return LoadedModel(
+    loaded = LoadedModel(
         spec=checkpoint.spec, model=model, tokenizer=tokenizer, template=template, sha256=checkpoint.sha256
     )
+    del checkpoint  # in another dtype than the file's, the originals go before the heap is trimmed
+    tune_allocator()
+    return loaded
+
+
+def tune_allocator() -> None:
+    """Keep resident memory close to what is live (glibc only; elsewhere a no-op).
+
+    A prefill step's activations are a few MB each. glibc's default mmap threshold adapts upward
+    to such sizes, after which freed activations stay in the heap, fragmented: measured on a
+    2,048-token chunk, the process kept 57 MB above its live size after the step and peaked 20 MB
+    higher within it. A fixed 1 MB threshold maps each big tensor on its own and unmaps it when
+    freed. `malloc_trim` then hands back what loading the tokenizer freed (~26 MB)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        logger.debug("allocator tuning unavailable (not glibc)")
 
 
 def _token_text(tokenizer: TextTokenizer, token_id: int | None) -> str:

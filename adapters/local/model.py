@@ -25,6 +25,9 @@ from adapters.local.attention import DecodePlan, PrefixPlan, decode_attention, p
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kv_pool import KVPool
 
+MLP_BLOCK_ROWS = 512
+"""Rows per SwiGLU block: big enough for full-speed matmuls, small enough to bound the temporaries."""
+
 
 @dataclass(slots=True)
 class PrefillSegment:
@@ -127,24 +130,37 @@ class LlamaModel:
         cos = self._cos[batch.positions].unsqueeze(1)
         sin = self._sin_signed[batch.positions].unsqueeze(1)
         # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
+        last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (spec.hidden_size,), layer.attn_norm, spec.rms_norm_eps)
             qkv = h @ layer.wqkv_t
             qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
-            rotated = qk.roll(self._half, dims=-1).mul_(sin)
-            qk = (qk * cos).add_(rotated)
+            rotated = qk.roll(self._half, dims=-1)
+            qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
             q, k = qk[:, :n_q], qk[:, n_q:]
             v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
             k_pages, v_pages = pool.k[index], pool.v[index]
             k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
             v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
             attn = self._attention(batch, q, k, v, k_pages, v_pages)
+            if index == last:
+                # Every row's K/V is in the pool now; only the rows that give logits need the rest.
+                x, attn = x[batch.logit_rows], attn[batch.logit_rows]
             x.add_(attn @ layer.wo_t)
-            h = F.rms_norm(x, (spec.hidden_size,), layer.ffn_norm, spec.rms_norm_eps)
+            self._mlp(x, layer)
+        out = F.rms_norm(x, (spec.hidden_size,), self.norm, spec.rms_norm_eps)
+        return (out @ self.lm_head_t).float()
+
+    def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """`x += SwiGLU(RMSNorm(x))` in blocks of rows: a long chunk's `[rows, 2 * ffn]`
+        intermediate would otherwise be its largest temporary (25 MB at 2,048 rows)."""
+        spec = self.spec
+        for start in range(0, x.shape[0], MLP_BLOCK_ROWS):
+            rows = x[start : start + MLP_BLOCK_ROWS]
+            h = F.rms_norm(rows, (spec.hidden_size,), layer.ffn_norm, spec.rms_norm_eps)
             gate, up = (h @ layer.w_gate_up_t).chunk(2, dim=-1)
-            x.add_(F.silu(gate, inplace=True).mul_(up) @ layer.w_down_t)
-        last = F.rms_norm(x[batch.logit_rows], (spec.hidden_size,), self.norm, spec.rms_norm_eps)
-        return (last @ self.lm_head_t).float()
+            rows.add_(F.silu(gate, inplace=True).mul_(up) @ layer.w_down_t)
+        return x
 
     def _attention(
         self,
@@ -155,8 +171,12 @@ class LlamaModel:
         k_pages: torch.Tensor,
         v_pages: torch.Tensor,
     ) -> torch.Tensor:
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
         plan = batch.decode
+        if plan is not None and not batch.prefills:
+            return decode_attention(q, k_pages, v_pages, plan)
+        if plan is None and len(batch.prefills) == 1:
+            return prefill_attention(q, k, v, k_pages, v_pages, batch.prefills[0].prefix)
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
         if plan is not None:
             out[: plan.count] = decode_attention(q[: plan.count], k_pages, v_pages, plan)
         for seg in batch.prefills:

@@ -11,16 +11,24 @@
 Tenant isolation: the gateway's `cache_salt` becomes one leading page of pseudo tokens (ids at or
 above 2**31, never real vocabulary), so tenants share one tree, one eviction order and one
 memory budget, yet can never match each other's prefixes. That page stores `NO_PAGE`.
+
+With a `KVOffload`, evicted pages are saved to its L2/L3 store first (the tree's `on_evict`), and a
+match continues past the tree into that store: pages found there and worth loading are copied into
+free pool pages and inserted into the tree, then matched like any cached page.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from dataclasses import dataclass
 
 from adapters.local.kv_pool import KVPool
-from cachelayer.radix import RadixNode, RadixTree
+from adapters.local.offload import KVOffload
+from cachelayer.radix import EvictedSpan, MatchResult, RadixNode, RadixTree
+
+logger = logging.getLogger(__name__)
 
 NO_PAGE = -1
 """Value of a salt page: it has no KV behind it."""
@@ -39,13 +47,24 @@ class PrefixHit:
 class PrefixCache:
     """Owns the radix tree's references into the KV pool. Engine thread only."""
 
-    def __init__(self, pool: KVPool, *, enabled: bool, max_cached_tokens: int | None, policy: str) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        *,
+        enabled: bool,
+        max_cached_tokens: int | None,
+        policy: str,
+        offload: KVOffload | None = None,
+    ) -> None:
         self.pool = pool
         self.enabled = enabled
         self.page_size = pool.page_size
         self.max_cached_tokens = max_cached_tokens
-        self._tree: RadixTree[int] = RadixTree(page_size=pool.page_size, policy=policy)
+        self.offload = offload if enabled else None
+        on_evict = self._save_evicted if self.offload is not None else None
+        self._tree: RadixTree[int] = RadixTree(page_size=pool.page_size, policy=policy, on_evict=on_evict)
         self._salts: dict[str, list[int]] = {}
+        self._salt_of: dict[int, str] = {}  # first pseudo token of a salt page -> the salt
         self._pages: set[int] = set()
         self.hit_tokens = 0
         self.queried_tokens = 0
@@ -60,7 +79,14 @@ class PrefixCache:
         if not self.enabled:
             return PrefixHit(tokens=0, pages=[], node=self._tree.root)
         head = self._salt_tokens(salt)
-        found = self._tree.match_prefix(head + tokens)
+        key = head + tokens
+        found = self._tree.match_prefix(key)
+        if (
+            self.offload is not None
+            and found.length + self.page_size <= len(key)
+            and self._restore(salt, head, tokens, found)
+        ):
+            found = self._tree.match_prefix(key)
         pages = [p for p in found.values if p != NO_PAGE]
         matched = max(found.length - len(head), 0)
         self._tree.lock(found.node)
@@ -103,10 +129,17 @@ class PrefixCache:
         return len(freed)
 
     def clear(self) -> None:
-        """Drop every cached prefix no running sequence has locked."""
+        """Drop every cached prefix no running sequence has locked, and every offloaded page."""
         freed = [p for p in self._tree.clear() if p != NO_PAGE]
         self.pool.release(freed)
         self._pages.difference_update(freed)
+        if self.offload is not None:
+            self.offload.clear()
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """An engine step computed `tokens` prompt tokens in `seconds` (feeds the offload's estimate)."""
+        if self.offload is not None:
+            self.offload.observe_prefill(tokens, seconds)
 
     def enforce_cap(self) -> None:
         """Evict until the cache holds at most `max_cached_tokens` (locked pages excepted)."""
@@ -135,4 +168,49 @@ class PrefixCache:
             words = array("I", digest)
             tokens = [SALT_TOKEN_BASE | (w & (SALT_TOKEN_BASE - 1)) for w in words]
             self._salts[salt] = tokens
+            self._salt_of[tokens[0]] = salt
         return tokens
+
+    def _restore(self, salt: str, head: list[int], tokens: list[int], found: MatchResult[int]) -> bool:
+        """Load the offloaded pages that continue `found` into the pool and the tree; True if any."""
+        assert self.offload is not None
+        cached = [p for p in found.values if p != NO_PAGE]
+        planned = self.offload.plan(salt, tokens, start_page=len(cached))
+        if not planned:
+            return False
+        self._tree.lock(found.node)  # making room below must not evict the pages we extend
+        try:
+            short = len(planned) - self.pool.free_pages
+            if short > 0:
+                self.evict(short)
+            pages = self.pool.alloc(min(len(planned), self.pool.free_pages)) or []
+            loaded = self.offload.load(planned, pages)
+            self.pool.release(pages[loaded:])
+            if not loaded:
+                return False
+            end = (len(cached) + loaded) * self.page_size
+            values = [NO_PAGE] * (len(head) // self.page_size) + cached + pages[:loaded]
+            present = self._tree.insert(head + tokens[:end], values) // self.page_size
+            # The tree takes over the reference `alloc` gave each adopted page.
+            adopted = {p for p in values[present:] if p != NO_PAGE}
+            self.pool.release([p for p in pages[:loaded] if p not in adopted])
+            self._pages.update(adopted)
+            return True
+        finally:
+            self._tree.unlock(found.node)
+
+    def _save_evicted(self, span: EvictedSpan[int]) -> None:
+        """`on_evict`: hand an evicted node's pages to the offload store before they are freed."""
+        assert self.offload is not None
+        prefix = span.prefix_tokens
+        salt = self._salt_of.get(prefix[0], "") if prefix and prefix[0] >= SALT_TOKEN_BASE else ""
+        head_pages = 1 if salt else 0
+        first = span.start // self.page_size
+        pages = [p for p in span.values if p != NO_PAGE]
+        if not pages:
+            return
+        tokens = prefix[head_pages * self.page_size :]
+        try:
+            self.offload.save(salt, tokens, max(first - head_pages, 0), pages)
+        except Exception:  # a failed offload only loses a cache entry; eviction must go on
+            logger.exception("offloading %d evicted KV pages failed", len(pages))

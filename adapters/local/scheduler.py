@@ -127,6 +127,10 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
 
+    def observe_step(self, step: ScheduledStep, seconds: float) -> None:
+        """The runner computed `step` in `seconds`: the prefill speed the KV offload weighs loads by."""
+        self.cache.observe_prefill(sum(chunk for _, chunk in step.prefills), seconds)
+
     def cache_progress(self, seq: Sequence) -> None:
         """Publish `seq`'s computed whole pages to the prefix cache and lock them for it."""
         self._cache_progress(seq)

@@ -22,7 +22,8 @@ from functools import lru_cache
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
-from adapters.local.gguf_convert import UnsupportedModelError, VocabSpec
+from adapters.local.config import UnsupportedModelError
+from adapters.local.gguf_convert import VocabSpec
 
 _CONTROL = 3
 _USER_DEFINED = 4

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.checkpoint import default_model_path
+from adapters.local.config import default_model_path
 from adapters.local.loader import LoadedModel, load_model
 from benchmarks.engine.workloads import (
     ours,
@@ -66,12 +66,17 @@ def main() -> None:
     results: dict[str, Any] = {
         "machine": _machine(args.threads),
         "command": "python -m benchmarks.engine.run " + " ".join(sys.argv[1:]),
-        "config": {"page_size": config.page_size, "max_prefill_tokens": config.max_prefill_tokens},
+        "config": {
+            "page_size": config.page_size,
+            "max_prefill_tokens": config.max_prefill_tokens,
+            "max_idle_prefill_tokens": config.max_idle_prefill_tokens,
+            "dtype": config.dtype,
+        },
     }
     _progress("prefill")
     results["prefill"] = _prefill(loaded, config, reference_model, args.reps)
     _progress("decode")
-    results["decode"] = _decode(loaded, config, reference_model)
+    results["decode"] = _decode(loaded, config, reference_model, args.reps)
     _progress("concurrency")
     results["concurrency"] = _concurrency(loaded, config)
     _progress("few-shot")
@@ -145,15 +150,21 @@ def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: i
     }
 
 
-def _decode(loaded: LoadedModel, config: LocalEngineConfig, model: Any) -> dict[str, Any]:
+def _decode(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: int) -> dict[str, Any]:
+    # Alternating repetitions, median of each: on a shared machine load comes and goes, and
+    # measuring one engine right after the other would give the difference to whichever ran quieter.
     engine = _engine(loaded, config, radix_cache=False)
-    prompt = token_ids(COLD_TOKENS, seed=400)
-    ours_ms = per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0])
-    theirs_ms = per_token_ms(reference(model, prompt, DECODE_TOKENS))
+    ours_samples, theirs_samples = [], []
+    for rep in range(reps):
+        prompt = token_ids(COLD_TOKENS, seed=400 + rep)
+        ours_samples.append(per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0]))
+        theirs_samples.append(per_token_ms(reference(model, prompt, DECODE_TOKENS)))
     engine.close_sync()
+    ours_ms, theirs_ms = statistics.median(ours_samples), statistics.median(theirs_samples)
     return {
         "context": COLD_TOKENS,
         "ms_per_token": {"ours": ours_ms, "transformers": theirs_ms},
+        "samples": {"ours": ours_samples, "transformers": theirs_samples},
         "ratio": ours_ms / theirs_ms,
     }
 

@@ -9,7 +9,7 @@ next) and reports CPU microseconds per request of this process. Pin it to its ow
 Variants: httpx with the gateway's limits (1024 connections, 256 kept alive), httpx with a
 keep-alive pool sized to the concurrency, the stdlib asyncio loop instead of uvloop, httpx over
 `asyncio_backend.AsyncioBackend` instead of httpcore's anyio backend, and httpx over
-`raw_transport.RawTransport` (no httpcore at all).
+`adapters.http_transport.FastTransport` (no httpcore at all; the gateway's default).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 import uvloop
 
+from adapters.http_transport import FastTransport
 from benchmarks.overhead.asyncio_backend import fast_transport
-from benchmarks.overhead.raw_transport import RawTransport
 
 TRACE_HEADERS = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
 BODY = b'{"model":"stub-model","messages":[{"role":"user","content":"Say something."}],"max_tokens":16}'
@@ -57,8 +57,8 @@ async def _httpx(
     transport: httpx.AsyncBaseTransport | None = None
     if client == "asyncio-backend":
         transport = fast_transport(limits=limits)
-    elif client == "raw-transport":
-        transport = RawTransport(limits=limits)
+    elif client == "fast":
+        transport = FastTransport(limits=limits)
     async with httpx.AsyncClient(
         limits=limits, headers=headers, trust_env=False, transport=transport
     ) as client:
@@ -94,7 +94,7 @@ def main() -> None:
         "httpx_gateway_limits_asyncio": (asyncio.run, gateway_limits, "httpcore"),
         "httpx_sized_pool_uvloop": (uvloop.run, sized_limits, "httpcore"),
         "httpx_asyncio_backend_uvloop": (uvloop.run, gateway_limits, "asyncio-backend"),
-        "httpx_raw_transport_uvloop": (uvloop.run, gateway_limits, "raw-transport"),
+        "httpx_fast_transport_uvloop": (uvloop.run, gateway_limits, "fast"),
     }
     results = {}
     for name, (runner, limits, client) in variants.items():

@@ -227,9 +227,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--client",
-        choices=("httpcore", "asyncio-backend", "raw-transport"),
-        default="httpcore",
-        help="with --server uvicorn|granian: the upstream client transport (see serve.py)",
+        choices=("fast", "httpx", "asyncio-backend"),
+        default="fast",
+        help="with --server uvicorn|granian: the upstream client transport (see serve.py); with --server cli "
+        "use --gateway-env RADIXGATE_UPSTREAM_CLIENT__TRANSPORT=httpx",
     )
     parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=3)

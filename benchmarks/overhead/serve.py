@@ -17,26 +17,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from litestar import Litestar, get
 from litestar.handlers import asgi
 from litestar.types import Receive, Scope, Send
 
+from adapters import upstream_client
+from adapters.upstream_client import TransportName, UpstreamClientConfig
 from benchmarks.overhead.asyncio_backend import fast_transport
-from benchmarks.overhead.raw_transport import RawTransport
 from benchmarks.overhead.stub import COMPLETION
 from proxy.app import create_app
 from proxy.settings import Settings, WorkerSettings
 from proxy.telemetry import Telemetry, TelemetrySettings
 
 UPSTREAM_VARIABLE = "RADIXGATE_BENCH_UPSTREAM"
-CLIENTS = ("httpcore", "asyncio-backend", "raw-transport")
+TRANSPORT_VARIABLE = "RADIXGATE_BENCH_TRANSPORT"
+CLIENTS = ("fast", "httpx", "asyncio-backend")
+"""`upstream_client.transport` values, and the asyncio-backend experiment (httpcore on asyncio protocols)."""
 
 
 def app_factory() -> Litestar:
-    """The gateway in front of the upstream named by $RADIXGATE_BENCH_UPSTREAM."""
+    """The gateway in front of the upstream named by $RADIXGATE_BENCH_UPSTREAM, its upstream client on
+    the transport named by $RADIXGATE_BENCH_TRANSPORT (`upstream_client.transport`)."""
     upstream = os.environ[UPSTREAM_VARIABLE]
-    return create_app(Settings(workers=[WorkerSettings(url=upstream, models=["stub-model"])]))
+    transport: TransportName = "httpx" if os.environ.get(TRANSPORT_VARIABLE) == "httpx" else "fast"
+    return create_app(
+        Settings(
+            workers=[WorkerSettings(url=upstream, models=["stub-model"])],
+            upstream_client=UpstreamClientConfig(transport=transport),
+        )
+    )
 
 
 def static_app_factory() -> Litestar:
@@ -101,21 +110,11 @@ APPS: dict[str, Callable[[], Any]] = {
 
 
 def use_client(client: str) -> None:
-    """Experiment: every `httpx.AsyncClient` created from now on (the adapters' included) gets the
-    transport `client` names: httpcore on `asyncio_backend.AsyncioBackend`, or `RawTransport`."""
-    if client == "httpcore":
-        return
-
-    def make_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
-        return fast_transport(limits=limits) if client == "asyncio-backend" else RawTransport(limits=limits)
-
-    class ExperimentClient(httpx.AsyncClient):
-        def __init__(self, *, limits: httpx.Limits | None = None, **kwargs: Any) -> None:
-            limits = limits or httpx.Limits()
-            kwargs.setdefault("transport", make_transport(limits))
-            super().__init__(limits=limits, **kwargs)
-
-    httpx.AsyncClient = ExperimentClient  # type: ignore[misc]
+    """Choose the gateway's upstream transport: `fast` or `httpx` through the setting; the
+    `asyncio-backend` experiment puts httpcore on `asyncio_backend.AsyncioBackend` in its place."""
+    os.environ[TRANSPORT_VARIABLE] = "httpx" if client == "httpx" else "fast"
+    if client == "asyncio-backend":
+        upstream_client.FastTransport = fast_transport  # type: ignore[attr-defined,assignment]
 
 
 def main() -> None:
@@ -127,8 +126,9 @@ def main() -> None:
     parser.add_argument(
         "--client",
         choices=CLIENTS,
-        default="httpcore",
-        help="the upstream client's transport: httpx's default, httpcore on asyncio_backend, or RawTransport",
+        default="fast",
+        help="the upstream client's transport: adapters.http_transport (the default), httpx's own "
+        "(httpcore), or httpcore on asyncio_backend",
     )
     parser.add_argument(
         "--count-calls",
@@ -162,7 +162,7 @@ def main() -> None:
         finally:
             if profile is not None:
                 profile.disable()
-                calls = sum(stat[1] for stat in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+                calls = sum(stat[1] for stat in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined,assignment]
                 Path(args.count_calls).write_text(f"{calls}\n")
                 profile.dump_stats(f"{args.count_calls}.pstats")  # for a per-module breakdown
     else:

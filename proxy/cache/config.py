@@ -17,6 +17,9 @@ store (`cachelayer.tiers.StoreConfig`):
   `--cache-dir`). "Persistence disabled" in `development()` means exactly that it has no default
   directory; with `--cache-dir` it gets a 1 GB budget (ours);
 - `eviction_policy` applies to every tier; `ttl_seconds` is the TTL of every stored entry.
+
+The cache directory also holds the embedded engine's offloaded KV pages (`<dir>/kv`, see
+`local_engine_config`); their budgets are `local_engine.kv_offload_*`, not `[kv_cache]`'s.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.local.config import LocalEngineConfig
 from cachelayer.disk import DiskTierConfig
 from cachelayer.memory import MemoryTierConfig
 from cachelayer.remote import RedisTierConfig
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
 
 RESPONSES_SUBDIR = "responses"
 """The response cache's L3 files live in `<cache dir>/responses`."""
+KV_SUBDIR = "kv"
+"""The embedded engine's offloaded KV pages live in `<cache dir>/kv`."""
 DEFAULT_TTL_S = 3600.0
 """The seed's example `ttl_seconds`; both presets use it (ours)."""
 
@@ -94,7 +100,13 @@ class KvCacheConfig:
                 max_entries=self.l2_capacity,
             ),
             l3=(
-                DiskTierConfig(directory=directory, capacity_bytes=self.persistent_bytes, policy=policy)
+                # Write-behind: a request never waits on a file write (see cachelayer/disk.py).
+                DiskTierConfig(
+                    directory=directory,
+                    capacity_bytes=self.persistent_bytes,
+                    policy=policy,
+                    write_behind=True,
+                )
                 if directory is not None
                 else None
             ),
@@ -236,3 +248,13 @@ def _overlay(base: Any, section: Any) -> Any:
         name: value for name in section.__struct_fields__ if (value := getattr(section, name)) is not None
     }
     return replace(base, **changes)
+
+
+def local_engine_config(settings: Settings) -> LocalEngineConfig:
+    """The embedded engine's config: with a cache directory (`--cache-dir DIR`), KV pages the engine
+    evicts are offloaded to memory and to `DIR/kv`, unless `local_engine.kv_offload_dir` names
+    another directory."""
+    engine = settings.local_engine
+    if settings.cache.dir is None or engine.kv_offload_dir is not None:
+        return engine
+    return replace(engine, kv_offload=True, kv_offload_dir=settings.cache.dir.expanduser() / KV_SUBDIR)

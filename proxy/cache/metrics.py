@@ -14,7 +14,8 @@
                                                        and engine radix cache (tree="engine")
     radixgate_cache_operation_seconds{operation}       lookup/store time (detailed profiling only)
 
-The counters are the tiers' own, so nothing is counted twice on the request path.
+The counters are the tiers' own, so nothing is counted twice on the request path. The embedded
+engine's store of offloaded KV pages adds its tiers as `tier="kv_l2"` (memory) and `tier="kv_l3"` (disk).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 
 from cachelayer.stats import StoreSnapshot
 from proxy.cache.counters import CacheMonitor
+from proxy.cache.kv_pages import kv_offloads
 from proxy.cache.stats import radix_stats
 from proxy.router import Router
 from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
@@ -61,6 +63,7 @@ class CacheCollector:
     def collect(self) -> Iterator[Metric]:
         snapshot = self._store_stats()
         tiers = snapshot.tiers if snapshot is not None else ()
+        tiers += tuple(tier for _, figures in kv_offloads(self._router) for tier in figures.store.tiers)
         for name, documentation, attribute in _TIER_COUNTERS:
             counter = CounterMetricFamily(METRIC_PREFIX + name, documentation, labels=["tier"])
             for tier in tiers:

@@ -3,7 +3,12 @@
 Rates are percentages (0-100), as in the seed. Field meanings where the seed leaves them open:
 
 - `cache_manager.kv_cache`: the tiered store behind the response cache (radixgate's multi-level
-  cache); `l1_hits`/`l2_hits`/`l3_hits` count lookups answered by that tier; `remote_hits` by Redis.
+  cache) and, when the embedded engine offloads KV pages (`--cache-dir`, `local_engine.kv_offload`),
+  its page store, whose tiers are named `kv_l2` (memory) and `kv_l3` (disk). `hits`/`misses` add both
+  stores' lookups (one answer, one KV page); `l1_hits`/`l2_hits`/`l3_hits` count lookups answered by
+  that level of either store (`kv_l2` counts as L2, `kv_l3` as L3); `remote_hits` by Redis.
+  `kv_pages` details each engine's page store (pages offloaded, loaded, skipped as slower to load
+  than to recompute, rejected for another layout, and the speed estimates behind those choices).
 - `cache_manager.radix_tree`: the routing trees (the router's picture of each engine's prefix cache)
   and, where an engine reports its own radix cache (the embedded engine), that engine's figures.
   `prefix_matches` = prompt tokens the trees predicted cached, `sharing_hits` = prompt tokens the
@@ -26,6 +31,7 @@ import msgspec
 from cachelayer.stats import StoreSnapshot, TierSnapshot
 from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
+from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
 from proxy.router import Router
 from proxy.routing.pool import WorkerPool
 
@@ -67,6 +73,7 @@ class TierStats(msgspec.Struct, kw_only=True):
 
 class KvCacheStats(msgspec.Struct, kw_only=True):
     contents: str = "responses"
+    """`responses`, or `responses+kv_pages` when an engine's KV page store is included."""
     hits: int
     misses: int
     hit_rate: float
@@ -78,6 +85,7 @@ class KvCacheStats(msgspec.Struct, kw_only=True):
     l3_hits: int
     remote_hits: int
     tiers: list[TierStats]
+    kv_pages: list[KvPagesStats] = msgspec.field(default_factory=list)
 
 
 class ResponseCacheStats(msgspec.Struct, kw_only=True):
@@ -208,14 +216,16 @@ def build_stats(
 ) -> CacheStatsResponse:
     """The stats document from the store snapshot, the counters and the router's live state."""
     tiers = store.tiers if store is not None else ()
+    offloads = kv_offloads(router)
+    every = tiers + tuple(tier for _, figures in offloads for tier in figures.store.tiers)
     radix = radix_stats(router)
-    memory = sum(t.bytes or 0 for t in tiers if t.kind == "memory")
+    memory = sum(t.bytes or 0 for t in every if t.kind == "memory")
     total = monitor.total
     mean_lookup = monitor.lookup_seconds / monitor.timed_lookups if monitor.timed_lookups else 0.0
     return CacheStatsResponse(
         preset=preset,
         cache_manager=CacheManagerStats(
-            kv_cache=_kv_cache(store, tiers),
+            kv_cache=_kv_cache(store, tiers, offloads),
             response_cache=_response_cache(total, enabled=enabled, shared=shared),
             radix_tree=radix,
             speculation=SpeculationStats(configured=config.speculative),
@@ -227,7 +237,7 @@ def build_stats(
             operations_per_second=round(monitor.lookups_per_second(), 3),
             avg_response_time_us=round(mean_lookup * 1e6, 2),
         ),
-        alerts=alerts(tiers),
+        alerts=alerts(every),
         trends=Trends(
             window_seconds=monitor.trend_window_s,
             interval_seconds=monitor.trend_interval_s,
@@ -237,20 +247,33 @@ def build_stats(
     )
 
 
-def _kv_cache(store: StoreSnapshot | None, tiers: tuple[TierSnapshot, ...]) -> KvCacheStats:
-    by_name = {tier.name: tier for tier in tiers}
+def _kv_cache(
+    store: StoreSnapshot | None,
+    tiers: tuple[TierSnapshot, ...],
+    offloads: list[tuple[str, OffloadFigures]],
+) -> KvCacheStats:
+    stores = ([store] if store is not None else []) + [figures.store for _, figures in offloads]
+    every = tiers + tuple(tier for _, figures in offloads for tier in figures.store.tiers)
+    hits = sum(s.hits for s in stores)
+    misses = sum(s.misses for s in stores)
+
+    def level_hits(*names: str) -> int:
+        return sum(t.hits for t in every if t.name in names)
+
     return KvCacheStats(
-        hits=store.hits if store is not None else 0,
-        misses=store.misses if store is not None else 0,
-        hit_rate=percent(store.hit_rate) if store is not None else 0.0,
-        memory_bytes=sum(t.bytes or 0 for t in tiers if t.kind == "memory"),
-        disk_bytes=sum(t.bytes or 0 for t in tiers if t.kind == "disk"),
-        evictions=sum(t.evictions for t in tiers),
-        l1_hits=by_name["l1"].hits if "l1" in by_name else 0,
-        l2_hits=by_name["l2"].hits if "l2" in by_name else 0,
-        l3_hits=by_name["l3"].hits if "l3" in by_name else 0,
-        remote_hits=sum(t.hits for t in tiers if t.kind == "redis"),
-        tiers=[TierStats(**asdict(tier)) for tier in tiers],
+        contents="responses+kv_pages" if offloads else "responses",
+        hits=hits,
+        misses=misses,
+        hit_rate=percent(hits / (hits + misses)) if hits + misses else 0.0,
+        memory_bytes=sum(t.bytes or 0 for t in every if t.kind == "memory"),
+        disk_bytes=sum(t.bytes or 0 for t in every if t.kind == "disk"),
+        evictions=sum(t.evictions for t in every),
+        l1_hits=level_hits("l1"),
+        l2_hits=level_hits("l2", "kv_l2"),
+        l3_hits=level_hits("l3", "kv_l3"),
+        remote_hits=sum(t.hits for t in every if t.kind == "redis"),
+        tiers=[TierStats(**asdict(tier)) for tier in every],
+        kv_pages=[kv_pages_stats(worker, figures) for worker, figures in offloads],
     )
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from adapters.base import Engine
+from adapters.local.config import default_model_path
 from proxy.routing.config import HealthSettings, PoolSettings, WorkerSpec
 from proxy.routing.launch import DEFAULT_STARTUP_TIMEOUT_S, Launcher
 from proxy.routing.pool import WorkerPool
@@ -60,8 +61,9 @@ def build_pool(settings: Settings, telemetry: Telemetry | None = None) -> Worker
     def local_engine(spec: WorkerSpec) -> Engine:
         # Imported here: the embedded engine pulls in torch, which an upstream-only gateway never needs.
         from adapters.local import create_local_engine
+        from proxy.cache.config import local_engine_config
 
-        return create_local_engine(settings.local_engine)
+        return create_local_engine(local_engine_config(settings))
 
     if settings.workers:
         specs = _unique_ids([worker_spec(worker) for worker in settings.workers])
@@ -119,6 +121,10 @@ def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
             started += rest
         model = settings.local_engine.model_id
         added += [WorkerSettings(url=w.url, kind="openai", models=[model]) for w in started]
+        if model not in routing.tokenizers:  # route on the model's own token ids, not UTF-8 bytes
+            gguf = settings.local_engine.model_path or default_model_path()
+            routing = msgspec.structs.replace(routing, tokenizers={**routing.tokenizers, model: str(gguf)})
+            settings = msgspec.structs.replace(settings, routing=routing)
     if routing.launch_sglang is not None:
         started = launcher.start_sglang(routing.launch_sglang)
         launcher.wait_healthy(started, routing.launch_sglang.startup_timeout_s)

@@ -198,8 +198,9 @@ class WorkerPool:
         return states
 
     async def start(self) -> None:
-        """Check every worker once (so readiness is known when serving starts), then keep checking."""
-        await self.health.check_all()
+        """Load the routing tokenizers and check every worker once (so readiness is known when serving
+        starts), then keep checking."""
+        await asyncio.gather(asyncio.to_thread(self.prompts.load), self.health.check_all())
         self.health.start()
 
     async def aclose(self) -> None:

@@ -132,6 +132,14 @@ class PromptTokens:
             tokens.extend(ids)
         return tokens, tokenizer.kind
 
+    def load(self) -> None:
+        """Load every configured model's tokenizer and chat template now (blocking: a GGUF vocabulary
+        takes seconds), so no request or admin call pays for it on the event loop."""
+        for model, spec in self._specs.items():
+            if spec != ENGINE_TOKENIZER:
+                self._tokenizer(model)
+                self._renderer(model)
+
     def _tokenizer(self, model: str) -> HFTokenizer | ByteTokenizer:
         tokenizer = self._local.get(model)
         if tokenizer is None:

@@ -18,10 +18,12 @@ from adapters.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from adapters.openai_compat import OpenAICompatEngine, api_root
+from adapters.openai_compat import OpenAICompatEngine, UpstreamClientConfig, api_root
 from adapters.schema import ChatCompletionRequest, ChatMessage
 
 BASE = "http://upstream.test:8000"
+# respx intercepts httpx's own transport (httpcore), not `adapters.http_transport.FastTransport`.
+RESPX_CLIENT = UpstreamClientConfig(transport="httpx")
 CHAT_URL = f"{BASE}/v1/chat/completions"
 RAW = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"vendor_field":{"x":[1,2]},"stream":true}'
 ANSWER = {
@@ -76,7 +78,7 @@ def _sse(parts: list[bytes]) -> tuple[httpx.Response, RecordingStream]:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[OpenAICompatEngine]:
-    engine = OpenAICompatEngine(BASE, api_key="upstream-key", provider_name="vllm")
+    engine = OpenAICompatEngine(BASE, api_key="upstream-key", provider_name="vllm", config=RESPX_CLIENT)
     yield engine
     await engine.aclose()
 
@@ -107,6 +109,14 @@ async def test_complete_forwards_raw_body_and_headers(engine: OpenAICompatEngine
     assert completion.response_id == "chatcmpl-1" and completion.response_model == "m-2025"
     assert completion.finish_reasons == ["stop"]
     assert completion.usage is not None and completion.usage.cached_tokens == 4
+
+
+@respx.mock
+async def test_upstream_cookies_are_not_kept(engine: OpenAICompatEngine) -> None:
+    route = respx.post(CHAT_URL).respond(200, json=ANSWER, headers={"set-cookie": "session=tenant-a"})
+    await engine.complete(_request())
+    await engine.complete(_request())
+    assert "cookie" not in route.calls.last.request.headers
 
 
 @respx.mock

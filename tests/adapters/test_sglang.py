@@ -12,10 +12,13 @@ import respx
 
 from adapters.base import EngineRequest
 from adapters.errors import EngineOverloaded, InBandError
+from adapters.openai_compat import UpstreamClientConfig
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from adapters.sglang import SGLangEngine
 
 BASE = "http://sglang.test:30000"
+# respx intercepts httpx's own transport (httpcore), not `adapters.http_transport.FastTransport`.
+RESPX_CLIENT = UpstreamClientConfig(transport="httpx")
 
 
 def chat(
@@ -49,7 +52,7 @@ def sse(*events: object) -> bytes:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[SGLangEngine]:
-    engine = SGLangEngine(BASE)
+    engine = SGLangEngine(BASE, config=RESPX_CLIENT)
     yield engine
     await engine.aclose()
 

@@ -11,10 +11,13 @@ import respx
 
 from adapters.base import EngineRequest
 from adapters.errors import InBandError
+from adapters.openai_compat import UpstreamClientConfig
 from adapters.schema import ChatCompletionRequest, ChatMessage
 from adapters.vllm import VLLMEngine
 
 BASE = "http://vllm.test:8000"
+# respx intercepts httpx's own transport (httpcore), not `adapters.http_transport.FastTransport`.
+RESPX_CLIENT = UpstreamClientConfig(transport="httpx")
 
 
 def chat(*, stream: bool = False, salt: str = "tenant-salt") -> EngineRequest:
@@ -45,7 +48,7 @@ def answer(usage: dict[str, object]) -> dict[str, object]:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[VLLMEngine]:
-    engine = VLLMEngine(BASE + "/v1")
+    engine = VLLMEngine(BASE + "/v1", config=RESPX_CLIENT)
     yield engine
     await engine.aclose()
 

@@ -63,6 +63,7 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_two_embedded_engine_workers_serve_and_shared_prefixes_stick(gateway_url: str) -> None:
     workers = httpx.get(gateway_url + "/admin/workers", timeout=5).json()["workers"]
     assert len(workers) == 2 and all(w["health"] == "up" and w["kind"] == "openai" for w in workers)
+    assert all(w["tokenizers"] == {MODEL: "gguf"} for w in workers)  # the model's own vocabulary
     with openai.OpenAI(base_url=gateway_url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
         cached = []
         for question in ("Do you sell hammers?", "Do you sell nails?", "Do you sell glue?"):

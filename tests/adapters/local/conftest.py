@@ -16,7 +16,7 @@ import torch
 
 from adapters.base import EngineRequest
 from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.checkpoint import default_model_path
+from adapters.local.config import default_model_path
 from adapters.local.loader import LoadedModel, load_model
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
 

@@ -10,9 +10,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 from adapters.local import checkpoint as checkpoint_module
-from adapters.local.checkpoint import CACHE_LAYOUT, default_model_path, file_sha256, load_checkpoint
-from adapters.local.config import DEFAULT_MODEL_FILE, LocalEngineConfig
-from adapters.local.gguf_convert import UnsupportedModelError, read_gguf
+from adapters.local.checkpoint import CACHE_LAYOUT, file_sha256, load_checkpoint
+from adapters.local.config import (
+    DEFAULT_MODEL_FILE,
+    LocalEngineConfig,
+    UnsupportedModelError,
+    default_model_path,
+)
+from adapters.local.gguf_convert import read_gguf
 from tests.adapters.local.tiny_gguf import HEADS, KV_HEADS, write_tiny_gguf
 
 

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from adapters.local.config import LocalEngineConfig
 from cachelayer.memory import ENTRY_OVERHEAD_BYTES
 from cachelayer.tiers import TieredStore
-from proxy.cache.config import RESPONSES_SUBDIR, ContextCacheConfig, cache_config
+from proxy.cache.config import (
+    KV_SUBDIR,
+    RESPONSES_SUBDIR,
+    ContextCacheConfig,
+    cache_config,
+    local_engine_config,
+)
 from proxy.cache.settings import CacheSettings, KvCacheSettings
 from proxy.cli import _parser, _settings
 from proxy.config import SettingsError, load_settings
@@ -156,3 +163,13 @@ def test_cache_dir_from_the_environment() -> None:
     )
     assert settings.cache.dir == Path("/tmp/rg-cache")
     assert settings.cache.preset == "production"
+
+
+def test_cache_dir_turns_on_kv_offload_under_kv(tmp_path: Path) -> None:
+    plain = local_engine_config(Settings())
+    assert not plain.kv_offload and plain.kv_offload_dir is None
+    with_dir = local_engine_config(Settings(cache=CacheSettings(dir=tmp_path)))
+    assert with_dir.kv_offload and with_dir.kv_offload_dir == tmp_path / KV_SUBDIR
+    own = LocalEngineConfig(kv_offload=True, kv_offload_dir=tmp_path / "elsewhere")
+    explicit = local_engine_config(Settings(local_engine=own, cache=CacheSettings(dir=tmp_path)))
+    assert explicit.kv_offload_dir == tmp_path / "elsewhere"
