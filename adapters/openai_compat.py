@@ -30,7 +30,7 @@ from adapters.errors import (
 )
 from adapters.schema import ErrorProbe, ResponseProbe, probe_response
 from adapters.sse import DONE, SSEDecoder, SSEEvent
-from adapters.upstream_client import UpstreamClient
+from adapters.upstream_client import UpstreamClient, body_chunks
 from adapters.upstream_client import UpstreamClientConfig as UpstreamClientConfig  # its historic home
 
 _PATHS = {"chat": "chat/completions", "text_completion": "completions"}
@@ -104,7 +104,7 @@ class OpenAICompatEngine:
         try:
             await _raise_for_non_stream(response)
             decoder = SSEDecoder()
-            async for raw in response.aiter_bytes():
+            async for raw in body_chunks(response):
                 for event in decoder.feed(raw):
                     if event.data == DONE:
                         return

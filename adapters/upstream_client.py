@@ -9,13 +9,13 @@ and httpx's exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Literal, NamedTuple, cast
 
 import httpx
 import msgspec
 
-from adapters.http_transport import FastTransport
+from adapters.http_transport import FastTransport, ResponseBody
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 300.0
@@ -137,6 +137,15 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def body_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """A streaming response's body as it arrives: straight from `FastTransport` when it is not
+    content-encoded (upstreams are asked for identity), else through httpx's decoders."""
+    stream = response.stream
+    if isinstance(stream, ResponseBody) and "content-encoding" not in response.headers:
+        return stream.__aiter__()
+    return response.aiter_bytes()
 
 
 class _NoCookies(httpx.Cookies):

@@ -15,6 +15,7 @@ Plain HTTP/1.1 only: https URLs are handed to httpx's own transport, and there i
 support (the adapters never use one).
 """
 
+from adapters.http_transport.exchange import ResponseBody
 from adapters.http_transport.transport import FastTransport
 
-__all__ = ["FastTransport"]
+__all__ = ["FastTransport", "ResponseBody"]

@@ -66,13 +66,13 @@ class ConnectionPool:
     async def reserve(self, origin: Origin, timeout_s: float | None) -> Connection | None:
         """A slot to open a new connection to `origin` (None), or a connection a finished
         response handed over while waiting; PoolTimeout after `timeout_s`."""
-        if self._limits.max_connections is None or self._slots_used < self._limits.max_connections:
-            self._slots_used += 1
-            return None
-        if self._close_one_idle():  # an idle connection elsewhere gives its slot up
-            self._slots_used += 1
+        if self._slot_free() or (self._close_one_idle() and self._slot_free()):
+            self._slots_used += 1  # (an idle connection to another origin may have given its slot up)
             return None
         return await self._wait(origin, timeout_s)
+
+    def _slot_free(self) -> bool:
+        return self._limits.max_connections is None or self._slots_used < self._limits.max_connections
 
     def opened(self, conn: Connection, origin: Origin) -> None:
         """`conn` was opened to `origin` on a slot reserved by `checkout`."""

@@ -28,10 +28,10 @@ DEFAULT_MAX_RUNNING = 16
 DEFAULT_KV_BUDGET_TOKENS = DEFAULT_MAX_RUNNING * 4096
 DEFAULT_MAX_QUEUED = 256
 DEFAULT_MAX_PREFILL_TOKENS = 512
-# 1,024 rather than more: a chunk's activations are most of what the process holds beyond weights
-# and KV (measured ~25 MB above idle at 1,024 tokens, ~45 MB at 2,048), which the issue bounds; at
-# 1,024 rows the matmuls are already large, and a longer prompt only adds a merge per chunk.
-DEFAULT_MAX_IDLE_PREFILL_TOKENS = 1024
+# No bigger than a chunk beside decodes: a chunk's activations are most of what the process holds
+# beyond weights and KV (measured ~25 MB above idle at 1,024 tokens, ~45 MB at 2,048), and the issue
+# bounds that overhead at 300 MB, of which importing torch alone takes ~220 MB.
+DEFAULT_MAX_IDLE_PREFILL_TOKENS = 512
 DEFAULT_EVICTION_POLICY: EvictionPolicy = "lru"
 DEFAULT_CACHE_DIR = Path("~/.cache/radixgate/weights")
 DEFAULT_KV_OFFLOAD_MEMORY_BYTES = 1024 * 1024 * 1024

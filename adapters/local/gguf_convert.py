@@ -17,33 +17,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
-from gguf.quants import dequantize
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader, ReaderTensor
 
 from adapters.local.config import UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+# Names of `gguf.GGMLQuantizationType` members: `gguf` is imported only to convert a file, so a warm
+# start (weights from the safetensors cache) does not keep its ~3 MB of modules resident.
 SUPPORTED_QUANT_TYPES = frozenset(
-    {
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    }
+    {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 )
-_SUPPORTED_NAMES = ", ".join(sorted(t.name for t in SUPPORTED_QUANT_TYPES))
+_SUPPORTED_NAMES = ", ".join(sorted(SUPPORTED_QUANT_TYPES))
 _LAYER_TENSORS = (
     "attn_norm",
     "attn_q",
@@ -104,6 +94,8 @@ def read_gguf(path: Path) -> GGUFContents:
     """Read and convert a GGUF file. Raises UnsupportedModelError with the reason."""
     if not path.is_file():
         raise UnsupportedModelError(f"model file not found: {path}")
+    from gguf import GGUFReader
+
     try:
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:
@@ -119,7 +111,7 @@ def read_gguf(path: Path) -> GGUFContents:
         raise UnsupportedModelError(f"{path.name}: rope scaling {scaling!r} is not supported")
     raw = {t.name: t for t in reader.tensors}
     for tensor in raw.values():
-        if tensor.tensor_type not in SUPPORTED_QUANT_TYPES:
+        if tensor.tensor_type.name not in SUPPORTED_QUANT_TYPES:
             raise UnsupportedModelError(
                 f"{path.name}: tensor {tensor.name} uses quantization {tensor.tensor_type.name}, "
                 f"which is not supported (supported: {_SUPPORTED_NAMES})"
@@ -184,6 +176,8 @@ def _vocab_spec(reader: GGUFReader) -> VocabSpec:
 
 
 def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
     def load(name: str) -> torch.Tensor:
         tensor = raw.get(name)
         if tensor is None:

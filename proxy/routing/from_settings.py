@@ -96,9 +96,16 @@ def _unique_ids(specs: list[WorkerSpec]) -> list[WorkerSpec]:
 
 
 def child_worker_toml(settings: Settings) -> str:
-    """The config of a launched embedded-engine worker: the parent's `[local_engine]` and log level."""
+    """The config of a launched embedded-engine worker: the parent's `[local_engine]` and log level.
+
+    With `--cache-dir` (or `local_engine.kv_offload`) the workers offload evicted KV pages to memory
+    only: a disk tier belongs to one process and the workers share one config; to give each worker
+    its own disk tier, run them yourself with their own `kv_offload_dir` and `--worker` them in."""
+    from proxy.cache.config import local_engine_config
+
+    engine = dataclasses.replace(local_engine_config(settings), kv_offload_dir=None)
     lines = ["[server]", f"log_level = {json.dumps(settings.server.log_level)}", "", "[local_engine]"]
-    for name, value in dataclasses.asdict(settings.local_engine).items():
+    for name, value in dataclasses.asdict(engine).items():
         if value is not None:
             lines.append(f"{name} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
     return "\n".join(lines) + "\n"

@@ -94,6 +94,10 @@ class HFTokenizer:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, encoded in parallel by `tokenizers` (which releases the GIL)."""
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
     def decode_now(self, ids: Sequence[int]) -> str:
         """Text of `ids`."""
         text: str = self._tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 
 from adapters.http_transport import FastTransport
 from tests.adapters.http_transport.servers import Exchange, answer, response, serve
@@ -119,3 +120,21 @@ async def test_streamed_request_body_goes_chunked() -> None:
     async with serve(respond) as server, _client() as client:
         reply = await client.post(server.url, content=parts())
         assert reply.text == f"chunked {64 * 65536} 63"
+
+
+async def test_https_goes_through_httpx_own_transport_with_tls() -> None:
+    first_bytes: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first_bytes.append(await reader.read(1))
+        writer.close()
+
+    server = await asyncio.start_server(record, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with _client() as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"https://127.0.0.1:{port}/")
+    finally:
+        server.close()
+    assert first_bytes == [b"\x16"]  # a TLS handshake record, not a plain-text request

@@ -173,3 +173,14 @@ async def test_max_keepalive_bounds_idle_connections() -> None:
         await asyncio.gather(*(client.get(server.url) for _ in range(3)))
         await asyncio.gather(*(client.get(server.url) for _ in range(3)))
     assert server.connections == 5  # 3, then the one kept + 2 new
+
+
+async def test_a_full_pool_closes_an_idle_connection_to_another_origin() -> None:
+    async with (
+        serve(_ok) as first,
+        serve(_ok) as second,
+        _client(httpx.Timeout(5.0, pool=0.2), max_connections=1) as client,
+    ):
+        await client.get(first.url)
+        assert (await client.get(second.url)).text == "ok"  # not a PoolTimeout
+        await asyncio.wait_for(first.closed_by_peer.wait(), 1.0)

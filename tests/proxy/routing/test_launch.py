@@ -129,3 +129,9 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_launched_workers_offload_kv_to_memory_only_with_a_cache_dir(tmp_path: Path) -> None:
+    settings = load_settings(None, environ={}, overrides={"cache.dir": str(tmp_path)})
+    text = child_worker_toml(settings)
+    assert "kv_offload = true" in text and "kv_offload_dir" not in text  # one disk tier per process
