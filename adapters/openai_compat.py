@@ -1,8 +1,9 @@
 """Adapter for any server that speaks OpenAI's `/v1` API (vLLM, SGLang, llama.cpp, OpenAI itself).
 
 The client's raw request body is forwarded byte for byte, so fields radixgate does not know
-reach the upstream unchanged; answers come back as raw bytes too. httpx errors become the
-`adapters.errors` hierarchy:
+reach the upstream unchanged; answers come back as raw bytes too. The HTTP client is
+`adapters.upstream_client.UpstreamClient` (by default over `adapters.http_transport`, which raises
+httpx's exceptions like httpx's own transport). httpx errors become the `adapters.errors` hierarchy:
 
     connect error, connect timeout    -> UpstreamUnreachable (502, retryable)
     read or write timeout             -> UpstreamTimeout (504, retryable)
@@ -44,7 +45,7 @@ def api_root(base_url: str) -> str:
 
 
 class OpenAICompatEngine:
-    """One OpenAI-compatible upstream behind one shared `httpx.AsyncClient`."""
+    """One OpenAI-compatible upstream behind one shared `UpstreamClient` (its pool is per upstream)."""
 
     def __init__(
         self,

@@ -80,6 +80,7 @@ class CacheMonitor:
     trend: deque[TrendPoint] = field(default_factory=deque)
     clock: Callable[[], float] = time.time
     _next_sample: float = 0.0
+    _profile_series: dict[str, Histogram] = field(default_factory=dict)
 
     def tenant(self, tenant_id: str) -> CacheCounters:
         """The counters of one tenant (created on first use)."""
@@ -108,11 +109,19 @@ class CacheMonitor:
         self.lookup_seconds += seconds
         self.timed_lookups += 1
         if self.profile is not None:
-            self.profile.labels("lookup").observe(seconds)
+            self._operation("lookup").observe(seconds)
 
     def store_done(self, seconds: float) -> None:
         if self.profile is not None:
-            self.profile.labels("store").observe(seconds)
+            self._operation("store").observe(seconds)
+
+    def _operation(self, operation: str) -> Histogram:
+        """The profile's series for `operation`, labelled once (`labels()` locks on every call)."""
+        series = self._profile_series.get(operation)
+        if series is None:
+            assert self.profile is not None
+            series = self._profile_series[operation] = self.profile.labels(operation)
+        return series
 
     def lookups_per_second(self) -> float:
         """Lookups per second between the oldest trend point and now (0 with no points)."""

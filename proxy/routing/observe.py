@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -61,12 +62,22 @@ class _WorkerGauges:
             yield family
 
 
+@dataclass(frozen=True, slots=True)
+class _DecisionSeries:
+    decisions: Counter
+    prompt_tokens: Counter
+    match_tokens: Counter
+    seconds: Histogram
+
+
 @dataclass(slots=True)
 class RoutingObserver:
     """Counters and spans of the router; without a registry only spans are produced."""
 
     tracer: Tracer
     registry: MetricsRegistry | None = None
+    _series: dict[tuple[str, str, str], _DecisionSeries] = field(default_factory=dict)
+    """Labelled series per (policy, worker, reason): `labels()` validates and locks on every call."""
 
     @classmethod
     def create(
@@ -90,26 +101,14 @@ class RoutingObserver:
         """Record one decision: counters, a histogram and an INTERNAL span."""
         worker_id = decision.worker.id
         if self.registry is not None:
-            registry = self.registry
-            registry.counter(
-                semconv.ROUTING_DECISIONS_METRIC,
-                "Routing decisions by policy, worker and reason.",
-                ["policy", "worker", "reason"],
-            ).labels(policy, worker_id, decision.reason).inc()
-            registry.counter(
-                semconv.ROUTING_PROMPT_TOKENS_METRIC, "Prompt tokens routed per worker.", ["worker"]
-            ).labels(worker_id).inc(prompt_tokens)
-            registry.counter(
-                semconv.ROUTING_MATCH_TOKENS_METRIC,
-                "Prompt tokens the worker's tree predicted cached.",
-                ["worker"],
-            ).labels(worker_id).inc(decision.match_tokens)
-            registry.histogram(
-                semconv.ROUTING_DECISION_SECONDS_METRIC,
-                "Seconds per routing decision (tokenizing excluded).",
-                ["policy"],
-                buckets=DECISION_BUCKETS,
-            ).labels(policy).observe(seconds)
+            key = (policy, worker_id, decision.reason)
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = self._decision_series(self.registry, *key)
+            series.decisions.inc()
+            series.prompt_tokens.inc(prompt_tokens)
+            series.match_tokens.inc(decision.match_tokens)
+            series.seconds.observe(seconds)
         span = self.tracer.start_span(semconv.ROUTING_SPAN_NAME, kind=SpanKind.INTERNAL)
         if span.is_recording():
             span.set_attributes(
@@ -126,6 +125,32 @@ class RoutingObserver:
                 }
             )
         span.end()
+
+    @staticmethod
+    def _decision_series(
+        registry: MetricsRegistry, policy: str, worker_id: str, reason: str
+    ) -> _DecisionSeries:
+        return _DecisionSeries(
+            decisions=registry.counter(
+                semconv.ROUTING_DECISIONS_METRIC,
+                "Routing decisions by policy, worker and reason.",
+                ["policy", "worker", "reason"],
+            ).labels(policy, worker_id, reason),
+            prompt_tokens=registry.counter(
+                semconv.ROUTING_PROMPT_TOKENS_METRIC, "Prompt tokens routed per worker.", ["worker"]
+            ).labels(worker_id),
+            match_tokens=registry.counter(
+                semconv.ROUTING_MATCH_TOKENS_METRIC,
+                "Prompt tokens the worker's tree predicted cached.",
+                ["worker"],
+            ).labels(worker_id),
+            seconds=registry.histogram(
+                semconv.ROUTING_DECISION_SECONDS_METRIC,
+                "Seconds per routing decision (tokenizing excluded).",
+                ["policy"],
+                buckets=DECISION_BUCKETS,
+            ).labels(policy),
+        )
 
     def failed(self, worker_id: str) -> None:
         """Count a failed attempt on a worker."""

@@ -73,12 +73,13 @@ async def test_tenants_never_share_a_routing_prefix() -> None:
 
 
 async def test_engine_reported_cache_misses_shrink_the_tree() -> None:
-    pool = make_pool(1)
-    worker = pool.workers()[0]
+    pool = make_pool(2)
     lease = await pool.acquire(chat_request(SYSTEM, "q"))
+    worker = next(w for w in pool.workers() if w.id == lease.worker_id)
     lease.release(usage=None, failed=False)
     before = worker.capacity_estimate
     lease = await pool.acquire(chat_request(SYSTEM, "q2"))
+    assert lease.worker_id == worker.id  # the prefix sticks
     # The tree predicted the system prompt cached; the engine says nothing was.
     lease.release(
         usage=Usage(prompt_tokens=300, prompt_tokens_details=PromptTokensDetails(cached_tokens=0)),
@@ -89,24 +90,38 @@ async def test_engine_reported_cache_misses_shrink_the_tree() -> None:
 
 
 async def test_unknown_cached_tokens_change_nothing() -> None:
-    pool = make_pool(1)
-    worker = pool.workers()[0]
+    pool = make_pool(2)
     lease = await pool.acquire(chat_request(SYSTEM, "q"))
-    lease.release(usage=Usage(prompt_tokens=300), failed=False)
+    worker = next(w for w in pool.workers() if w.id == lease.worker_id)
+    lease.release(usage=None, failed=False)
+    lease = await pool.acquire(chat_request(SYSTEM, "q2"))
+    assert lease.worker_id == worker.id and lease._predicted > 0  # a hit is predicted...
+    lease.release(usage=Usage(prompt_tokens=300), failed=False)  # ...and the engine says nothing
     assert worker.predicted_tokens == 0 and worker.mispredictions == 0
 
 
 async def test_trees_stay_within_worker_capacity() -> None:
-    pool = make_pool(1)
-    worker = pool.workers()[0]
-    worker.set_capacity(2000, "config")
+    pool = make_pool(2)
+    for worker in pool.workers():
+        worker.set_capacity(2000, "config")
     for i in range(20):
         lease = await pool.acquire(chat_request(f"distinct system prompt {i} " * 20, "q"))
         lease.release(usage=None, failed=False)
         await asyncio.sleep(0)  # the pool trims a tree right after the decision that outgrew it
-        assert worker.tree.total_tokens <= 2000
+        assert all(worker.tree.total_tokens <= 2000 for worker in pool.workers())
+    assert all(worker.tree.total_tokens > 1000 for worker in pool.workers())
 
 
 def test_cache_aware_settings_reject_unknown_keys() -> None:
     with pytest.raises(msgspec.ValidationError, match="match_treshold"):
         msgspec.convert({"cache_aware": {"match_treshold": 0.5}}, PoolSettings)
+
+
+async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:
+    alone = make_pool(1)
+    (await alone.acquire(chat_request(SYSTEM, "q"))).release(usage=None, failed=False)
+    assert alone.workers()[0].tree.total_tokens == 0  # nothing to choose, so no tree upkeep
+    pair = make_pool(2)
+    lease = await pair.acquire(chat_request(SYSTEM, "q"))
+    lease.release(usage=None, failed=False)
+    assert next(w for w in pair.workers() if w.id == lease.worker_id).tree.total_tokens > 0
