@@ -180,7 +180,7 @@ def _validate(table: dict[str, Any], sources: dict[str, str]) -> Settings:
 def _decode_path(kind: type, value: Any) -> Any:
     if kind is Path and isinstance(value, str):
         return Path(value)
-    raise NotImplementedError  # msgspec's dec_hook protocol for "not a type this hook converts"
+    raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")  # msgspec reports it per key
 
 
 def _error(key: str, message: str, sources: dict[str, str]) -> SettingsError:

@@ -22,7 +22,9 @@ EXTRAS = ("enable_caching", "enable_speculation", "enable_sliding_window", "cach
 
 @pytest.fixture(scope="module")
 def cache_gateway(upstream_server: UpstreamServer) -> Iterator[GatewayServer]:
-    server = GatewayServer(create_app(gateway_settings(upstream_server.url))).start()
+    # Two workers (one upstream, listed twice): a model one worker serves is routed without a tree,
+    # and the stats test reads the routing trees.
+    server = GatewayServer(create_app(gateway_settings(upstream_server.url, upstream_server.url))).start()
     yield server
     server.stop()
 
@@ -197,8 +199,8 @@ def test_clear_empties_the_response_cache_and_routing_trees(
     cached.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
     cleared = httpx.post(f"{gateway.url}/cache/clear").json()
     assert {t["tier"]: t["entries"] for t in cleared["response_cache"]} == {"l1": 1, "l2": 1}
-    assert cleared["routing_trees_cleared"] == 1
-    assert [e["flushed"] for e in cleared["engines"]] == [None]  # a plain OpenAI upstream cannot flush
+    assert cleared["routing_trees_cleared"] == 2  # one per worker
+    assert [e["flushed"] for e in cleared["engines"]] == [None, None]  # a plain OpenAI upstream cannot flush
     stats = httpx.get(f"{gateway.url}/cache/stats").json()
     assert stats["cache_manager"]["radix_tree"]["tree_tokens"] == 0
     raw = cached.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, temperature=0)
