@@ -322,7 +322,7 @@ def step_rows(args: argparse.Namespace, gateway_cpu_us: float, workdir: Path) ->
     variants: list[tuple[str, Callable[[Path], ResponseCacheStep], Callable[[int], EngineRequest]]] = [
         ("cache off", lambda _: ResponseCacheStep(None), lambda n: _engine_request(n, 0.0)),
         ("miss + store (new deterministic request)", memory_step, lambda n: _engine_request(n, 0.0)),
-        ("miss + store, L3 dir (write-behind fsync'ed file)", disk_step, lambda n: _engine_request(n, 0.0)),
+        ("miss + store, L3 dir (write-behind segment)", disk_step, lambda n: _engine_request(n, 0.0)),
         ("hit (same deterministic request)", memory_step, lambda _: _engine_request(None, 0.0)),
         ("bypass (sampled request)", memory_step, lambda _: _engine_request(None, 0.7)),
     ]
