@@ -69,6 +69,7 @@ class RedisTier:
 
         self._errors: tuple[type[Exception], ...] = (redis.RedisError, OSError)
         self.name = config.name
+        self.demotes = False  # Redis evicts on its own: nothing ever comes back from a put
         self.config = config
         self._clock = clock
         self._monotonic = monotonic

@@ -28,6 +28,8 @@ class Tier(Protocol):
     """One level of the store. Not thread-safe alone: the ``TieredStore`` serialises calls."""
 
     name: str
+    demotes: bool
+    """Whether ``put`` hands back what it evicts; the store turns it off where no tier below takes it."""
 
     def get(self, key: bytes) -> Entry | None:
         """The live entry for ``key``, or None (a miss; expired or corrupt entries are dropped)."""

@@ -92,8 +92,7 @@ class TieredStore:
         self._hits = 0
         self._io_levels = [level for level in self._levels if not isinstance(level, MemoryTier)]
         for level in self._levels:  # a tier hands back what it evicts only when a tier below takes it
-            if isinstance(level, (MemoryTier, DiskTier)):
-                level.demotes = self._write_back and level is not self._levels[-1]
+            level.demotes = self._write_back and level is not self._levels[-1]
         self.puts_block = remote is not None or any(
             isinstance(level, DiskTier) and not level.writes_behind for level in self._levels
         )
