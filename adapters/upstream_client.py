@@ -10,12 +10,12 @@ and httpx's exceptions.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Literal, NamedTuple, cast
+from typing import Literal, NamedTuple
 
 import httpx
 import msgspec
 
-from adapters.http_transport import FastTransport, ResponseBody
+from adapters.http_transport import FastTransport, Origin, ResponseBody, Timeouts
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 300.0
@@ -99,20 +99,27 @@ class UpstreamClient:
         self.http: httpx.AsyncClient = config.build_client(headers, self._fast)
         self._headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         self._timeout = config.timeout().as_dict()
+        self._timeouts = Timeouts(
+            config.connect_timeout_s, config.read_timeout_s, config.write_timeout_s, config.pool_timeout_s
+        )
+        self._targets: dict[int, _Target] = {}
 
     async def post(self, url: httpx.URL, body: bytes, headers: Mapping[str, str] | None) -> UpstreamAnswer:
         """POST `body` with the client's headers plus `headers` and read the whole answer."""
         if self._fast is None or url.scheme != "http":
             response = await self.http.post(url, content=body, headers=headers)
             return UpstreamAnswer(response.status_code, response.content)
-        response = await self._fast.handle_async_request(self._request(url, body, headers))
-        if "content-encoding" in response.headers:  # httpx decodes it; upstreams were asked for identity
-            return UpstreamAnswer(response.status_code, await response.aread())
-        try:
-            content = b"".join([chunk async for chunk in cast(httpx.AsyncByteStream, response.stream)])
-        finally:
-            await response.aclose()
-        return UpstreamAnswer(response.status_code, content)
+        target = self._target(url)
+        head = [target.head, b"content-length: %d\r\n" % len(body)]
+        if headers:
+            head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
+        head += (b"\r\n", body)
+        answer = await self._fast.send_whole(target.origin, b"".join(head), self._timeouts)
+        for name, _ in answer.headers:
+            if name.lower() == b"content-encoding":  # upstreams are asked for identity; httpx decodes it
+                decoded = httpx.Response(answer.status, headers=answer.headers, content=answer.body)
+                return UpstreamAnswer(answer.status, decoded.content)
+        return UpstreamAnswer(answer.status, answer.body)
 
     async def post_streaming(
         self, url: httpx.URL, body: bytes, headers: Mapping[str, str] | None
@@ -126,6 +133,18 @@ class UpstreamClient:
         response.request = request
         return response
 
+    def _target(self, url: httpx.URL) -> _Target:
+        """The origin and the fixed part of a request head for `url` (the adapters' URLs are few
+        and long-lived, so they are prepared once)."""
+        target = self._targets.get(id(url))
+        if target is None or target.url is not url:
+            lines = [b"POST ", url.raw_path, b" HTTP/1.1\r\nhost: ", url.netloc, b"\r\n"]
+            for name, value in self._headers:
+                lines += (name, b": ", value, b"\r\n")
+            target = _Target(url, Origin(url.host, url.port or 80), b"".join(lines))
+            self._targets[id(url)] = target
+        return target
+
     def _request(self, url: httpx.URL, body: bytes, headers: Mapping[str, str] | None) -> httpx.Request:
         raw = [(b"host", url.netloc), *self._headers, (b"content-length", b"%d" % len(body))]
         if headers:
@@ -137,6 +156,14 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+class _Target(NamedTuple):
+    url: httpx.URL
+    """Kept so its id cannot be reused by another URL while the entry exists."""
+    origin: Origin
+    head: bytes
+    """`POST path HTTP/1.1`, Host and the client's headers."""
 
 
 def body_chunks(response: httpx.Response) -> AsyncIterator[bytes]:

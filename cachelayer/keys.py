@@ -33,7 +33,15 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DIGEST_SIZE", "KeySeed", "block_hashes", "bytes_key", "chain_hashes", "seed_hash"]
+__all__ = [
+    "DIGEST_SIZE",
+    "KeySeed",
+    "block_hashes",
+    "bytes_key",
+    "bytes_key_hasher",
+    "chain_hashes",
+    "seed_hash",
+]
 
 DIGEST_SIZE = 32
 """Bytes in every key (SHA-256)."""
@@ -108,3 +116,12 @@ def block_hashes(tokens: Sequence[int], *, block_size: int, seed: KeySeed) -> li
 def bytes_key(payload: bytes, *, seed: KeySeed, namespace: str) -> bytes:
     """Key for arbitrary canonical bytes (e.g. a normalised request), scoped by ``seed`` and ``namespace``."""
     return hashlib.sha256(_BYTES_DOMAIN + seed_hash(seed, 0) + _lp(namespace.encode()) + payload).digest()
+
+
+def bytes_key_hasher(*, seed: KeySeed, namespace: str) -> hashlib._Hash:
+    """A SHA-256 state already fed everything ``bytes_key`` hashes before the payload.
+
+    ``h = base.copy(); h.update(payload); h.digest()`` equals ``bytes_key(payload, ...)``; a caller
+    that keys many payloads under one (seed, namespace) keeps ``base`` and skips re-deriving it.
+    """
+    return hashlib.sha256(_BYTES_DOMAIN + seed_hash(seed, 0) + _lp(namespace.encode()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ class MemoryTier:
         self._config = config
         self._clock = clock
         self._policy = make_policy(config.policy)
+        self._capacity = config.capacity_bytes
+        self._max_entries = sys.maxsize if config.max_entries is None else config.max_entries
+        """The entry cap (``sys.maxsize`` when only bytes limit), read on every put."""
         self._slots: dict[bytes, _Slot] = {}
         self._bytes = 0
         self._counters = TierCounters()
@@ -101,21 +105,33 @@ class MemoryTier:
 
     def put(self, key: bytes, entry: Entry) -> list[tuple[bytes, Entry]]:
         """Store ``entry``, evicting by policy first; returns the live entries pushed out."""
-        self.delete(key)
+        slots = self._slots
+        if key in slots:
+            self._drop(key)
+            self._policy.remove(key)
         data, compressed = entry.data, False
-        if self._compressor is not None and len(entry.data) >= MIN_COMPRESS_BYTES:
-            packed = self._compressor.compress(entry.data)
-            if len(packed) < len(entry.data):
+        if self._compressor is not None and len(data) >= MIN_COMPRESS_BYTES:
+            packed = self._compressor.compress(data)
+            if len(packed) < len(data):
                 data, compressed = packed, True
         size = len(key) + len(data) + ENTRY_OVERHEAD_BYTES
-        max_entries = self._config.max_entries
-        if size > self._config.capacity_bytes or max_entries == 0:
+        capacity, max_entries = self._capacity, self._max_entries
+        if size > capacity or max_entries == 0:
             return [(key, entry)]
         pushed_out: list[tuple[bytes, Entry]] = []
+        if self._bytes + size > capacity or len(slots) >= max_entries:
+            self._make_room(size, pushed_out)
+        slots[key] = _Slot(data, compressed, size, entry.expires_at, entry.cost)
+        self._bytes += size
+        self._policy.insert(key, size, entry.cost)
+        self._counters.puts += 1
+        return pushed_out
+
+    def _make_room(self, size: int, pushed_out: list[tuple[bytes, Entry]]) -> None:
+        """Evict by policy until ``size`` more bytes and one more entry fit; live victims go to
+        ``pushed_out`` when this tier demotes."""
         now = self._clock()
-        while self._bytes + size > self._config.capacity_bytes or (
-            max_entries is not None and len(self._slots) >= max_entries
-        ):
+        while self._bytes + size > self._capacity or len(self._slots) >= self._max_entries:
             victim = self._policy.pop_victim()
             assert victim is not None, "policy lost track of stored keys"
             slot = self._drop(victim)
@@ -125,11 +141,6 @@ class MemoryTier:
                 self._counters.evictions += 1
                 if self.demotes:
                     pushed_out.append((victim, self._entry(slot)))
-        self._slots[key] = _Slot(data, compressed, size, entry.expires_at, entry.cost)
-        self._bytes += size
-        self._policy.insert(key, size, entry.cost)
-        self._counters.puts += 1
-        return pushed_out
 
     def delete(self, key: bytes) -> bool:
         """Drop ``key``; True when it was present."""

@@ -27,13 +27,14 @@ payloads in order (without SSE framing), so a hit replays the same chunks.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from cachelayer.keys import KeySeed, bytes_key
+from cachelayer.keys import KeySeed, bytes_key_hasher
 from cachelayer.stats import StoreSnapshot
 from cachelayer.tiers import TieredStore
 
@@ -54,6 +55,8 @@ STREAM_ONLY_FIELDS = frozenset({"stream_options"})
 
 _FORMAT_VERSION = 1
 _NAMESPACE = "responses/v1"
+MAX_KEY_PREFIXES = 4096
+"""Pre-fed hash states kept (one per model x operation x form x tenant x label); beyond it they start over."""
 
 
 class StoredResponse(msgspec.Struct, array_like=True, frozen=True):
@@ -134,6 +137,7 @@ class ResponseCache:
         """Whether some tier does I/O (then ask ``get_blocks`` / ``puts_block`` per call)."""
         self.puts_block = store.puts_block
         """Whether ``put`` may wait on I/O (an event-loop caller then runs it in a thread)."""
+        self._prefixes: dict[tuple[str, str, bool, str, str | None], hashlib._Hash] = {}
 
     def get_blocks(self, key: bytes) -> bool:
         """Whether ``get(key)`` may wait on I/O (an event-loop caller then runs it in a thread)."""
@@ -149,13 +153,26 @@ class ResponseCache:
         tenant_salt: str,
         label: str | None = None,
     ) -> bytes:
-        """The store key of a request body (JSON bytes); ``ValueError`` when it is not a JSON object."""
-        namespace = f"{_NAMESPACE}/{operation}/{'sse' if streamed else 'json'}"
-        if label is not None:
-            namespace += "/" + label
+        """The store key of a request body (JSON bytes); ``ValueError`` when it is not a JSON object.
+
+        Equal to ``bytes_key(canonical_request(raw_body), seed=..., namespace=...)`` (module docstring);
+        the hash state over everything before the payload is kept per scope, so a request pays for
+        hashing its own canonical bytes only.
+        """
         salt = "" if self.share_across_tenants else tenant_salt
-        seed = KeySeed(model_id=model, tokenizer_hash="", tenant_salt=salt)
-        return bytes_key(canonical_request(raw_body, streamed=streamed), seed=seed, namespace=namespace)
+        scope = (model, operation, streamed, salt, label)
+        prefix = self._prefixes.get(scope)
+        if prefix is None:
+            namespace = f"{_NAMESPACE}/{operation}/{'sse' if streamed else 'json'}"
+            if label is not None:
+                namespace += "/" + label
+            seed = KeySeed(model_id=model, tokenizer_hash="", tenant_salt=salt)
+            if len(self._prefixes) >= MAX_KEY_PREFIXES:
+                self._prefixes.clear()
+            prefix = self._prefixes[scope] = bytes_key_hasher(seed=seed, namespace=namespace)
+        hasher = prefix.copy()
+        hasher.update(canonical_request(raw_body, streamed=streamed))
+        return hasher.digest()
 
     def get(self, key: bytes) -> StoredResponse | None:
         """The stored answer, or None; an entry that does not decode (another version) is dropped."""

@@ -91,6 +91,8 @@ class TieredStore:
         self._queries = 0
         self._hits = 0
         self._io_levels = [level for level in self._levels if not isinstance(level, MemoryTier)]
+        self._below_first = [level for level in self._levels[1:] if level is not remote]
+        """Tiers a write-back ``put`` clears of an older value (Redis keeps it: other replicas share it)."""
         for level in self._levels:  # a tier hands back what it evicts only when a tier below takes it
             level.demotes = self._write_back and level is not self._levels[-1]
         self.puts_block = remote is not None or any(
@@ -165,9 +167,8 @@ class TieredStore:
         with self._lock:
             entry = Entry(data=value, expires_at=None if ttl is None else self._clock() + ttl, cost=cost)
             if self._write_back:
-                for lower in self._levels[1:]:  # an older value below would resurface once L1 drops this one
-                    if lower is not self._remote:
-                        lower.delete(key)
+                for lower in self._below_first:  # an older value below would resurface once L1 drops this
+                    lower.delete(key)
                 self._store_at(0, key, entry)
                 if self._share is not None and self._share is not self._levels[0]:
                     self._share.put(key, entry)

@@ -180,6 +180,8 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     import uvicorn
 
+    from proxy.server_protocol import GatewayHttpProtocol
+
     level = settings.server.log_level
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
@@ -195,8 +197,9 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
             server_header=False,
             # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib
             # loop; benchmarks/RESULTS.md "## overhead" compares the servers measured for this choice.
+            # The protocol is uvicorn's httptools one, sending a response head with its body.
             loop="uvloop",
-            http="httptools",
+            http=GatewayHttpProtocol,
         )
     )
     server.run()

@@ -9,6 +9,8 @@ import time
 import uvicorn
 from litestar import Litestar
 
+from proxy.server_protocol import GatewayHttpProtocol
+
 
 class GatewayServer:
     """`start()` returns once the app's lifespan has started; `url` ends in `/v1`."""
@@ -20,7 +22,12 @@ class GatewayServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
-            app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=2
+            app,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            http=GatewayHttpProtocol,  # as `radixgate serve` runs it
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

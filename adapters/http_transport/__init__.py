@@ -15,7 +15,8 @@ Plain HTTP/1.1 only: https URLs are handed to httpx's own transport, and there i
 support (the adapters never use one).
 """
 
+from adapters.http_transport.connection import Origin
 from adapters.http_transport.exchange import ResponseBody
-from adapters.http_transport.transport import FastTransport
+from adapters.http_transport.transport import FastTransport, Timeouts, WholeResponse
 
-__all__ = ["FastTransport", "ResponseBody"]
+__all__ = ["FastTransport", "Origin", "ResponseBody", "Timeouts", "WholeResponse"]

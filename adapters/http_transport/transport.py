@@ -30,6 +30,15 @@ class Timeouts(NamedTuple):
         return cls(given.get("connect"), given.get("read"), given.get("write"), given.get("pool"))
 
 
+class WholeResponse(NamedTuple):
+    """A response read whole by `FastTransport.send_whole`: its body exactly as received."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    """As received (names in the upstream's case)."""
+    body: bytes
+
+
 class FastTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 for `httpx.AsyncClient` without httpcore: asyncio protocols, httptools, an O(1) pool.
 
@@ -77,6 +86,29 @@ class FastTransport(httpx.AsyncBaseTransport):
             stream=ResponseBody(conn, timeouts.read, self._pool.release),
             extensions={"http_version": _HTTP_VERSION, "reason_phrase": conn.reason},
         )
+
+    async def send_whole(self, origin: Origin, data: bytes, timeouts: Timeouts) -> WholeResponse:
+        """Write `data`, a complete request (head and body), to `origin` and read the whole answer,
+        without httpx's `Request`/`Response` objects (the request path's POSTs; at a steady rate
+        their construction cost as much as the exchange). A POST is never sent twice: a stale
+        connection fails it like any transport error, and the router's retry decides."""
+        conn = await self._checkout(origin, timeouts, fresh=False)
+        parts: list[bytes] = []
+        try:
+            conn.start_response(head_only=False)
+            conn.write(data)
+            await conn.drain(timeouts.write)
+            while True:
+                while conn.chunks:  # drained as it comes: a paused socket resumes below the low water
+                    parts.append(conn.next_chunk())
+                if conn.complete:
+                    break
+                await conn.wait_readable(timeouts.read)
+        except BaseException:
+            self._pool.discard(conn)
+            raise
+        self._pool.release(conn)
+        return WholeResponse(conn.status, conn.headers, b"".join(parts))
 
     async def aclose(self) -> None:
         self._pool.close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from adapters.errors import EngineError, EngineOverloaded
+from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
 from adapters.local.sampling import SamplerState
@@ -168,6 +169,8 @@ class EngineCore:
                 output = self.runner.run(step)
                 self.scheduler.observe_step(step, time.perf_counter() - started)
                 self._postprocess(step, output)
+                if step.prefills:
+                    release_heap()  # a prefill's activations would otherwise stay resident
             except Exception as exc:
                 logger.exception("local engine step failed")
                 self._fail_all(EngineError(f"the local engine failed: {exc}"))

@@ -20,6 +20,9 @@ per request on each path, and the extra over "cache off" as a share of the gatew
 request costs (the throughput baseline above), which is what the cache adds when nothing is reused.
 
     python -m benchmarks.cache.bench_response_cache [--rounds 12] [--duration 2] [--concurrency 16]
+
+The no-reuse floor (cache on >= 0.95x of cache off) has its own, longer measurement:
+`benchmarks.cache.bench_no_reuse` (paired rounds, steady-state tiers, per-round ratios).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -126,7 +130,7 @@ class Run:
 
 
 async def _closed_loop(
-    port: int, payloads: Payloads, concurrency: int, duration: float, warmup: float
+    pid: int, port: int, payloads: Payloads, concurrency: int, duration: float, warmup: float
 ) -> Run:
     loop = asyncio.get_running_loop()
     counter = itertools.count()
@@ -134,6 +138,9 @@ async def _closed_loop(
     started = time.perf_counter()
     measure_from = started + warmup
     stop = measure_from + duration
+    cpu: list[float] = []  # the gateway's CPU seconds when the measured window opens and closes
+    loop.call_later(warmup, lambda: cpu.append(cpu_seconds(pid)))
+    loop.call_later(warmup + duration, lambda: cpu.append(cpu_seconds(pid)))
 
     async def client() -> None:
         waiter: asyncio.Future[None] | None = None
@@ -152,22 +159,23 @@ async def _closed_loop(
             conn.transport.close()
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    measured = [s for s in samples if s.sent >= measure_from and s.done <= stop]
+    measured = [s for s in samples if measure_from <= s.done <= stop]  # answered inside the window
     ok = [s for s in measured if s.status == 200]
-    return Run(len(measured), len(measured) - len(ok), duration, [s.done - s.sent for s in ok], 0.0)
+    latencies = [s.done - s.sent for s in ok]
+    return Run(len(measured), len(measured) - len(ok), duration, latencies, cpu[1] - cpu[0])
 
 
 def load(pid: int, port: int, payloads: Payloads, concurrency: int, duration: float, warmup: float) -> Run:
-    """Run the load from this process; charge the gateway's CPU over the measured window only."""
-    before = cpu_seconds(pid)
-    run = uvloop.run(_closed_loop(port, payloads, concurrency, duration, warmup))
-    run.cpu_s = cpu_seconds(pid) - before
-    return run
+    """Run the load from this process; charge the gateway's CPU over the measured window only (the
+    requests counted are those sent and answered inside it)."""
+    return uvloop.run(_closed_loop(pid, port, payloads, concurrency, duration, warmup))
 
 
 @contextmanager
-def gateway(stub_port: int, config: str, cache_dir: Path | None = None) -> Iterator[tuple[int, int]]:
-    """`radixgate serve` with `config` as its radixgate.toml; yields (pid, port)."""
+def gateway(
+    stub_port: int, config: str, cache_dir: Path | None = None, cpu: str = GATEWAY_CPU
+) -> Iterator[tuple[int, int]]:
+    """`radixgate serve` pinned to `cpu` with `config` as its radixgate.toml; yields (pid, port)."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as scratch:
         toml = Path(scratch) / "radixgate.toml"
@@ -177,7 +185,7 @@ def gateway(stub_port: int, config: str, cache_dir: Path | None = None) -> Itera
         command += ["--port", str(port), "--log-level", "warning"]
         if cache_dir is not None:
             command += ["--cache-dir", str(cache_dir)]
-        process = start(GATEWAY_CPU, command)
+        process = start(cpu, command)
         try:
             wait_ready(f"http://127.0.0.1:{port}/health/ready")
             yield process.pid, port
@@ -194,7 +202,8 @@ def outcome(port: int, payload: bytes) -> str:
         content=body,
         headers={"content-type": "application/json"},
     )
-    return response.headers.get("x-radixgate-cache", "?")
+    seen: str = response.headers.get("x-radixgate-cache", "?")
+    return seen
 
 
 def latency_rows(args: argparse.Namespace, stub_port: int, workdir: Path) -> tuple[list[str], float]:
@@ -350,6 +359,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="clients in the throughput runs")
     parser.add_argument("--step-requests", type=int, default=3000, help="requests per in-process step run")
     args = parser.parse_args()
+    os.sched_setaffinity(0, {int(CLIENT_CPU)})  # this process is the load generator: off the gateway's core
     stub_port = _free_port()
     stub = start(CLIENT_CPU, [PYTHON, "-m", "benchmarks.overhead.stub", "--port", str(stub_port)])
     try:

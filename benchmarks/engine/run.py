@@ -2,6 +2,7 @@
 same prompts, same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
 
     .venv/bin/python -m benchmarks.engine.run --threads 2
+    .venv/bin/python -m benchmarks.engine.run --threads 2 --only prefill decode   # a subset
 
 Sections (the issue's floors in brackets):
 - cold prefill of 2,176 tokens: time to first token, prefill tokens/s          [>= 1.2x transformers]
@@ -45,6 +46,7 @@ COLD_TOKENS, PREFIX_TOKENS, QUESTION_TOKENS = 2176, 2048, 128
 DECODE_TOKENS = 65
 STREAMS, STREAM_PROMPT, STREAM_TOKENS = 16, 128, 128
 GROUPS, PER_GROUP, SHARED, OWN, ANSWER = 8, 8, 1024, 32, 64
+SECTIONS = ("prefill", "decode", "concurrency", "few_shot", "memory")
 
 
 def main() -> None:
@@ -56,13 +58,21 @@ def main() -> None:
         "--reps", type=int, default=3, help="repetitions of the latency measurements (median)"
     )
     parser.add_argument("--skip-memory", action="store_true", help="skip the 16 x 4k-token RSS run")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help="run only these sections (each reported with its own baseline, as in a full run)",
+    )
     args = parser.parse_args()
+    only = set(args.only) - ({"memory"} if args.skip_memory else set())
     torch.set_num_threads(args.threads)
     started = time.time()
     load_before = os.getloadavg()
     config = LocalEngineConfig(threads=args.threads)
     loaded = load_model(config)
-    reference_model = _load_reference()
+    reference_model = _load_reference() if only & {"prefill", "decode"} else None
     results: dict[str, Any] = {
         "machine": _machine(args.threads),
         "command": "python -m benchmarks.engine.run " + " ".join(sys.argv[1:]),
@@ -73,15 +83,19 @@ def main() -> None:
             "dtype": config.dtype,
         },
     }
-    _progress("prefill")
-    results["prefill"] = _prefill(loaded, config, reference_model, args.reps)
-    _progress("decode")
-    results["decode"] = _decode(loaded, config, reference_model, args.reps)
-    _progress("concurrency")
-    results["concurrency"] = _concurrency(loaded, config)
-    _progress("few-shot")
-    results["few_shot"] = _few_shot(loaded, config)
-    if not args.skip_memory:
+    if "prefill" in only:
+        _progress("prefill")
+        results["prefill"] = _prefill(loaded, config, reference_model, args.reps)
+    if "decode" in only:
+        _progress("decode")
+        results["decode"] = _decode(loaded, config, reference_model, args.reps)
+    if "concurrency" in only:
+        _progress("concurrency")
+        results["concurrency"] = _concurrency(loaded, config)
+    if "few_shot" in only:
+        _progress("few-shot")
+        results["few_shot"] = _few_shot(loaded, config)
+    if "memory" in only:
         _progress("memory")
         results["memory"] = _memory(args.threads)
     results["load_average"] = {"start": load_before, "end": os.getloadavg()}
@@ -228,46 +242,61 @@ def _machine(threads: int) -> dict[str, Any]:
 
 
 def _table(r: dict[str, Any]) -> str:
-    p, d, c, f = r["prefill"], r["decode"], r["concurrency"], r["few_shot"]
-    cold, rate = p["cold_ttft_s"], p["prefill_tok_s"]
-    rows = [
-        (
-            "cold prefill 2,176 tok: TTFT",
-            f"{cold['ours']:.2f} s",
-            f"{cold['transformers_generate']:.2f} s generate / {cold['transformers_forward']:.2f} s forward",
-            "",
-        ),
-        (
-            "prefill tokens/s",
-            f"{rate['ours']:.0f}",
-            f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
-            f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
-        ),
-        (
-            "TTFT, 2,048 cached + 128 new",
-            f"{p['cached_ttft_s']['ours']:.2f} s",
-            f"{p['cached_ttft_s']['transformers_reused_kv']:.2f} s (KV reused by hand)",
-            f"{p['cached_over_cold']:.3f} of cold (<= 0.1)",
-        ),
-        (
-            "decode ms/token at 2.2k context",
-            f"{d['ms_per_token']['ours']:.1f}",
-            f"{d['ms_per_token']['transformers']:.1f} (generate)",
-            f"{d['ratio']:.2f}x (<= 0.5x)",
-        ),
-        (
-            "16 streams, aggregate tok/s",
-            f"{c['aggregate_tok_s']:.1f} (1 stream: {c['single_tok_s']:.1f})",
-            "",
-            f"{c['ratio']:.2f}x (>= 4x)",
-        ),
-        (
-            "few-shot 8 x 8, tok/s",
-            f"{f['radix']['tok_s']:.1f} radix / {f['no_radix']['tok_s']:.1f} no radix",
-            "",
-            f"{f['ratio']:.2f}x (>= 3x)",
-        ),
-    ]
+    rows: list[tuple[str, str, str, str]] = []
+    if "prefill" in r:
+        p = r["prefill"]
+        cold, rate = p["cold_ttft_s"], p["prefill_tok_s"]
+        rows += [
+            (
+                "cold prefill 2,176 tok: TTFT",
+                f"{cold['ours']:.2f} s",
+                f"{cold['transformers_generate']:.2f} s generate"
+                f" / {cold['transformers_forward']:.2f} s forward",
+                "",
+            ),
+            (
+                "prefill tokens/s",
+                f"{rate['ours']:.0f}",
+                f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
+                f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
+            ),
+            (
+                "TTFT, 2,048 cached + 128 new",
+                f"{p['cached_ttft_s']['ours']:.2f} s",
+                f"{p['cached_ttft_s']['transformers_reused_kv']:.2f} s (KV reused by hand)",
+                f"{p['cached_over_cold']:.3f} of cold (<= 0.1)",
+            ),
+        ]
+    if "decode" in r:
+        d = r["decode"]
+        rows.append(
+            (
+                "decode ms/token at 2.2k context",
+                f"{d['ms_per_token']['ours']:.1f}",
+                f"{d['ms_per_token']['transformers']:.1f} (generate)",
+                f"{d['ratio']:.2f}x (<= 0.5x)",
+            )
+        )
+    if "concurrency" in r:
+        c = r["concurrency"]
+        rows.append(
+            (
+                "16 streams, aggregate tok/s",
+                f"{c['aggregate_tok_s']:.1f} (1 stream: {c['single_tok_s']:.1f})",
+                "",
+                f"{c['ratio']:.2f}x (>= 4x)",
+            )
+        )
+    if "few_shot" in r:
+        f = r["few_shot"]
+        rows.append(
+            (
+                "few-shot 8 x 8, tok/s",
+                f"{f['radix']['tok_s']:.1f} radix / {f['no_radix']['tok_s']:.1f} no radix",
+                "",
+                f"{f['ratio']:.2f}x (>= 3x)",
+            )
+        )
     if "memory" in r:
         m, mb = r["memory"], 2**20
         limit = (m["weights_bytes"] + m["kv_pool_bytes"]) / mb + 300

@@ -44,7 +44,16 @@ CAPACITY_TOKENS = 16 * SYSTEM_LEN + 32 * (QUESTION_LEN + OUTPUT_LEN)
 """16 system prompts of prefix cache, plus room for one full batch's own question and output tokens."""
 CONCURRENCY = 128
 TURNS = 5
-CONVERSATIONS = 48
+CONVERSATIONS = 208
+"""Multi-turn: 208 conversations x 5 turns = 1,040 requests, so TTFT p99 is the 11th slowest first
+token (with 240 requests it was the 3rd: one collision moved it)."""
+USERS = 48
+"""Multi-turn: conversations in progress at once (a user starts another when one ends)."""
+USERS_RAMP_S = 2.5
+"""Multi-turn: the users start spread over this many simulated seconds (about one turn: 128 decode
+steps), as users arrive in production. Started all at once, they stay in lockstep: every turn of
+every conversation on a worker lands in the same instant, and the first 48 requests all hit a cold
+cluster together; with 1,040 requests those synchronized bursts, not the routing, made the p99."""
 OUT = Path(__file__).parent / "out"
 
 
@@ -70,6 +79,8 @@ class Row:
     """CPU the router process spent per request (None for the oracle, which has no router)."""
     workers_cpu_s: float
     client_cpu_s: float
+    ttft_max_by_turn: list[float] | None = None
+    """Multi-turn only: the slowest first token of each turn (where the TTFT tail comes from)."""
     trees: list[dict[str, object]] | None = None
     """radixgate only: per worker, its routing tree and prediction accuracy (from /admin/workers)."""
 
@@ -108,10 +119,21 @@ def summarize(
         else round(cpu.router * 1e3 / len(result.outcomes), 2),
         workers_cpu_s=round(cpu.workers, 1),
         client_cpu_s=round(cpu.client, 1),
+        ttft_max_by_turn=_max_by_turn(result),
     )
 
 
-async def replay(workload: str, seed: int, target: Callable[[int], str], session_ids: bool) -> RunResult:
+def _max_by_turn(result: RunResult) -> list[float] | None:
+    slowest: dict[int, float] = {}
+    for o in result.outcomes:
+        if o.turn is not None and o.ttft_s is not None:
+            slowest[o.turn] = max(slowest.get(o.turn, 0.0), round(o.ttft_s, 3))
+    return [slowest[turn] for turn in sorted(slowest)] or None
+
+
+async def replay(
+    workload: str, seed: int, target: Callable[[int], str], session_ids: bool, time_scale: float
+) -> RunResult:
     if workload == "shared_prefix":
         requests = generated_shared_prefix(
             seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
@@ -128,7 +150,7 @@ async def replay(workload: str, seed: int, target: Callable[[int], str], session
         question_len=QUESTION_LEN,
         output_len=OUTPUT_LEN // 2,
     )
-    return await run_conversations(conversations, TURNS, target)
+    return await run_conversations(conversations, TURNS, target, USERS, USERS_RAMP_S * time_scale)
 
 
 def router_trees(router: Proc) -> list[dict[str, object]]:
@@ -163,11 +185,16 @@ def _cpu(router: Proc | None, workers: Sequence[Proc]) -> Cpu:
 
 
 def run_one(
-    workload: str, name: str, router: Proc | None, workers: Sequence[Proc], target: Callable[[int], str]
+    workload: str,
+    name: str,
+    router: Proc | None,
+    workers: Sequence[Proc],
+    target: Callable[[int], str],
+    time_scale: float,
 ) -> Row:
     flush_workers(workers)
     before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
-    result = asyncio.run(replay(workload, seed=7, target=target, session_ids=True))
+    result = asyncio.run(replay(workload, 7, target, True, time_scale))
     after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
     cpu = Cpu(
         router=None
@@ -217,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = SimConfig(
         capacity_tokens=CAPACITY_TOKENS, time_scale=args.time_scale, stream_interval=args.stream_interval
     )
+    # The gateways' TTFT guard must know how fast these workers prefill in wall time (an operator sets
+    # it to their engines' speed); an environment variable, so --gateway-toml may still add tables.
+    speed = 1 / (config.prefill_s_per_token * config.time_scale)
+    gateway_env = {"RADIXGATE_ROUTING__CACHE_AWARE__PREFILL_TOKENS_PER_S": f"{speed:.0f}"}
     cluster = Cluster(OUT)
     rows: list[Row] = []
     started = time.time()
@@ -224,13 +255,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         workers = [cluster.sim_worker(i, config, tokenizer) for i in range(WORKERS)]
         cluster.wait_ready(workers)
         for workload in args.workloads:
-            routers = [cluster.gateway(f"radixgate-{p}", workers, p, gateway_config) for p in args.policies]
+            routers = [
+                cluster.gateway(f"radixgate-{policy}", workers, policy, gateway_config, gateway_env)
+                for policy in args.policies
+            ]
             for variant in args.variant:
                 name, _, extra = variant.partition("=")
                 variant_config = OUT / f"gateway-{name}.toml"
                 variant_config.write_text(gateway_config.read_text() + extra.replace("\\n", "\n") + "\n")
                 routers.append(
-                    cluster.gateway(f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config)
+                    cluster.gateway(
+                        f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config, gateway_env
+                    )
                 )
             if args.sglang_router.exists():
                 routers.append(
@@ -238,10 +274,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
             cluster.wait_ready(routers)
             for router in routers:
-                rows.append(run_one(workload, router.name, router, workers, _fixed(router.url)))
+                target = _fixed(router.url)
+                rows.append(run_one(workload, router.name, router, workers, target, args.time_scale))
             rows.append(
                 run_one(
-                    workload, "oracle-sticky", None, workers, lambda group: workers[group % len(workers)].url
+                    workload,
+                    "oracle-sticky",
+                    None,
+                    workers,
+                    lambda group: workers[group % len(workers)].url,
+                    args.time_scale,
                 )
             )
             cluster.stop(routers)

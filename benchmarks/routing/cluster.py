@@ -56,6 +56,16 @@ class Cluster:
 
     logs: Path
     procs: list[Proc] = field(default_factory=list)
+    ports: set[int] = field(default_factory=set)
+    """Ports handed out: a port `free_port` returns stays free until its process binds it, so the next
+    call can return it again (two workers on one port: one dies, the other is counted twice)."""
+
+    def port(self) -> int:
+        """A free port no process of this cluster was given yet."""
+        while (port := free_port()) in self.ports:
+            pass
+        self.ports.add(port)
+        return port
 
     def start(
         self,
@@ -74,7 +84,7 @@ class Cluster:
         return proc
 
     def sim_worker(self, index: int, config: SimConfig, tokenizer: Path) -> Proc:
-        port = free_port()
+        port = self.port()
         args = [
             sys.executable,
             "-m",
@@ -88,8 +98,10 @@ class Cluster:
             args += ["--" + name.replace("_", "-"), str(getattr(config, name))]
         return self.start(f"worker{index}", args, port, "/health")
 
-    def gateway(self, name: str, workers: Sequence[Proc], policy: str, config: Path) -> Proc:
-        port = free_port()
+    def gateway(
+        self, name: str, workers: Sequence[Proc], policy: str, config: Path, env: dict[str, str] | None = None
+    ) -> Proc:
+        port = self.port()
         args = [
             sys.executable,
             "-m",
@@ -106,10 +118,10 @@ class Cluster:
         ]
         for worker in workers:
             args += ["--worker", f"sglang={worker.url}"]
-        return self.start(name, args, port, "/health/ready")
+        return self.start(name, args, port, "/health/ready", env)
 
     def sglang_router(self, name: str, workers: Sequence[Proc], binary_python: Path, tokenizer: Path) -> Proc:
-        port = free_port()
+        port = self.port()
         args = [
             str(binary_python),
             "-m",
@@ -125,7 +137,7 @@ class Cluster:
             "--log-level",
             "warn",
             "--prometheus-port",
-            str(free_port()),
+            str(self.port()),
             "--worker-urls",
             *[w.url for w in workers],
         ]

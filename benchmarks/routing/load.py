@@ -51,6 +51,10 @@ class Outcome:
     output_tokens: int = 0
     text: str = ""
     error: str | None = None
+    turn: int | None = None
+    """The turn of a multi-turn conversation (None for the bulk workloads)."""
+    started_s: float = 0.0
+    """When the request was sent, in seconds from the start of the run."""
 
 
 @dataclass(slots=True)
@@ -181,23 +185,42 @@ async def run_requests(
     return result
 
 
-async def run_conversations(conversations: Sequence[Conversation], turns: int, target: Target) -> RunResult:
-    """Every conversation at once, each on its own connection, sending its turns one after another and
-    carrying its history."""
+async def run_conversations(
+    conversations: Sequence[Conversation], turns: int, target: Target, concurrency: int, ramp_s: float = 0.0
+) -> RunResult:
+    """`concurrency` users chatting at once, each on its own connection: a user takes the next
+    conversation, sends its turns one after another carrying the history, then takes another. User i
+    starts `ramp_s * i / concurrency` after the first, so the users do not send every turn in lockstep.
+    The clients are made before the clock starts (making one costs ~10 ms of CPU: made inside the run,
+    they would stall the load generator, and the first turns' measured TTFT, for half a second)."""
     result = RunResult()
+    queue: asyncio.Queue[Conversation] = asyncio.Queue()
+    for conversation in conversations:
+        queue.put_nowait(conversation)
+    clients = [
+        httpx.AsyncClient(timeout=600, limits=_limits(1), trust_env=False)
+        for _ in range(min(concurrency, len(conversations)))
+    ]
 
-    async def talk(conversation: Conversation) -> None:
-        async with httpx.AsyncClient(timeout=600, limits=_limits(1), trust_env=False) as client:
-            for turn in range(turns):
-                request = conversation.turn(turn)
-                user = f"conv-{conversation.group}"
-                outcome = await stream_chat(client, target(conversation.group), request, user)
-                result.outcomes.append(outcome)
-                if outcome.error is not None:
-                    return
-                conversation.answered(turn, outcome.text)
+    async def talk(client: httpx.AsyncClient, conversation: Conversation) -> None:
+        for turn in range(turns):
+            request = conversation.turn(turn)
+            user = f"conv-{conversation.group}"
+            sent = time.perf_counter() - started
+            outcome = await stream_chat(client, target(conversation.group), request, user)
+            outcome.turn, outcome.started_s = turn, sent
+            result.outcomes.append(outcome)
+            if outcome.error is not None:
+                return
+            conversation.answered(turn, outcome.text)
+
+    async def user(client: httpx.AsyncClient, index: int) -> None:
+        async with client:
+            await asyncio.sleep(ramp_s * index / len(clients))
+            while not queue.empty():
+                await talk(client, queue.get_nowait())
 
     started = time.perf_counter()
-    await asyncio.gather(*(talk(c) for c in conversations))
+    await asyncio.gather(*(user(c, i) for i, c in enumerate(clients)))
     result.wall_s = time.perf_counter() - started
     return result

@@ -225,7 +225,14 @@ class SimEngine:
                 steps = min(steps_due, max(1, math.ceil(elapsed / wall_step)))
             except TimeoutError:
                 pass
-        deadline = await self._spend(start, step_s * steps)
+        # The span's wall time has (mostly) been waited for above: the steps end at `start + steps *
+        # wall_step`, not that long after now (`_spend` from here would sleep the span twice, and a
+        # request arriving mid-span would wait the elapsed span again before its prefill).
+        self.stats.busy_s += step_s * steps
+        deadline = start + steps * wall_step
+        delay = deadline - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
         for request in self.running:
             for _ in range(steps):
                 self._emit_token(request)

@@ -8,8 +8,9 @@ answers as JSON or SSE) and decides, per request:
     hit      a stored answer is replayed: the same JSON body, or the same SSE chunks then `[DONE]`;
              the engine is not called
     miss     the engine answers; a complete answer (status 200, every choice finished, no error
-             event, not cut by a disconnect) is stored, in a task that runs once the handler has
-             returned. `Cache-Control: no-cache` skips the lookup but still stores, so it
+             event, not cut by a disconnect) is stored once the handler has returned (a callback on
+             the next loop turn, or a task when the store may block on I/O).
+             `Cache-Control: no-cache` skips the lookup but still stores, so it
              refreshes the entry.
 
 Every answer carries `x-radixgate-cache: hit|miss|bypass`. Recording happens at the ASGI `send`
@@ -29,7 +30,6 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from adapters.base import EngineRequest
-from adapters.schema import probe_response
 from adapters.sse import DONE, SSEDecoder
 from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
 from proxy.asgi_types import Message, Send
@@ -82,12 +82,14 @@ class _Plan:
 class ResponseCacheStep:
     """See the module docstring. `cache` None means the response cache is off (every answer: bypass)."""
 
-    __slots__ = ("_pending", "cache", "monitor")
+    __slots__ = ("_pending", "_queued", "cache", "monitor")
 
     def __init__(self, cache: ResponseCache | None, monitor: CacheMonitor | None = None) -> None:
         self.cache = cache
         self.monitor = monitor or CacheMonitor()
         self._pending: set[asyncio.Task[None]] = set()
+        self._queued = 0
+        """Stores scheduled with `call_soon` and not yet run."""
 
     async def respond(
         self, request: EngineRequest, request_headers: Headers, headers: Headers, send: Send, forward: Forward
@@ -124,16 +126,45 @@ class ResponseCacheStep:
         recorder = _Recorder(send)
         await self._forward(forward, recorder.send, call, "miss")
         # Stored after the handler returns, so the answer's end (and its server span) is not delayed.
-        task = asyncio.get_running_loop().create_task(
-            self._store_answer(plan.key, recorder, request.stream, counters)
-        )
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        # A store that cannot block (memory tiers, L3 written behind) is a plain callback on the next
+        # loop turn: a task per miss cost more than the memory write itself.
+        loop = asyncio.get_running_loop()
+        if self.cache is not None and self.cache.puts_block:
+            task = loop.create_task(self._store_answer(plan.key, recorder, request.stream, counters))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        else:
+            self._queued += 1
+            loop.call_soon(self._store_now, plan.key, recorder, request.stream, counters)
 
     async def drain(self) -> None:
         """Wait for answers still being stored (before the store is closed)."""
-        while self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        while self._pending or self._queued:
+            if self._pending:
+                await asyncio.gather(*self._pending, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # queued callbacks run on this turn of the loop
+
+    def _store_now(self, key: bytes, recorder: _Recorder, streamed: bool, counters: CacheCounters) -> None:
+        """Store a recorded answer into a store whose `put` never waits on I/O."""
+        self._queued -= 1
+        cache = self.cache
+        if cache is None:
+            return
+        monitor = self.monitor
+        started = time.perf_counter() if monitor.profile is not None else 0.0  # timed only when profiled
+        response = recorder.response(streamed)
+        if response is None:
+            monitor.count(counters, "not_stored")
+            return
+        try:
+            cache.put(key, response, cost=max(1.0, float(response.completion_tokens)))
+        except Exception:  # the cache must never fail a request: a broken store loses the entry
+            logger.exception("response cache store failed")
+            return
+        monitor.count(counters, "stores")
+        if monitor.profile is not None:
+            monitor.store_done(time.perf_counter() - started)
 
     async def _store_answer(
         self, key: bytes, recorder: _Recorder, streamed: bool, counters: CacheCounters
@@ -276,18 +307,58 @@ class AnswerTokens(NamedTuple):
     completion_tokens: int
 
 
+class _ChoiceEnd(msgspec.Struct):
+    index: int = 0
+    finish_reason: str | None = None
+
+
+class _TokenCounts(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _AnswerProbe(msgspec.Struct):
+    """Only what `complete_answer` reads: a third of `probe_response`'s cost on a typical body (no
+    strings kept, the error object left undecoded)."""
+
+    choices: list[_ChoiceEnd] = []
+    usage: _TokenCounts | None = None
+    error: msgspec.Raw = msgspec.Raw(b"")
+
+
+_answer_decoder = msgspec.json.Decoder(_AnswerProbe)
+_NULL = b"null"
+
+
 def complete_answer(payloads: list[bytes]) -> AnswerTokens | None:
     """Token counts when `payloads` (a body, or a stream's chunks) are a whole, error-free answer:
     no error object, and every choice that appears has a finish reason. None otherwise."""
+    if len(payloads) == 1:  # a JSON body: every choice must be finished in it
+        try:
+            probe = _answer_decoder.decode(payloads[0])
+        except msgspec.DecodeError:
+            return None
+        if (len(probe.error) and bytes(probe.error) != _NULL) or not probe.choices:
+            return None
+        for choice in probe.choices:
+            if not choice.finish_reason:
+                return None
+        usage = probe.usage
+        return (
+            AnswerTokens(0, 0)
+            if usage is None
+            else AnswerTokens(usage.prompt_tokens, usage.completion_tokens)
+        )
     seen: set[int] = set()
     finished: set[int] = set()
     tokens = AnswerTokens(0, 0)
     for payload in payloads:
         try:
-            probe = probe_response(payload)
+            probe = _answer_decoder.decode(payload)
         except msgspec.DecodeError:
             return None
-        if probe.error is not None:
+        error = probe.error
+        if len(error) and bytes(error) != _NULL:
             return None
         for choice in probe.choices:
             seen.add(choice.index)

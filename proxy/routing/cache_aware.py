@@ -13,12 +13,30 @@ already waits there. So a long match wins only while the work it saves exceeds t
 joins, which is what keeps multi-turn chats that all share one system prompt from piling onto the
 first worker that cached it: once every worker holds the system prompt, the matches differ only by
 each conversation's own history and the queues decide (like NVIDIA Dynamo's KV router, unlike a
-match-ratio threshold). Two guards follow SGLang's router:
+match-ratio threshold). Guards, after SGLang's router:
 
 - if the best match ratio max_w(m_w) / L is below `match_threshold`, nothing worth keeping is cached
   anywhere: take the least-loaded worker (and its tree grows there);
 - a worker whose Q_w exceeds the least-loaded one's by more than `imbalance_abs_tokens` *and* by the
-  factor `imbalance_rel` is not a candidate, however good its match.
+  factor `imbalance_rel` is not a candidate, however good its match;
+- nor is one whose in-flight requests (per unit of weight) exceed the least busy one's by more than
+  `balance_abs_requests` *and* by the factor `balance_rel`. Queued work alone never fills an idle
+  worker: decode weighs little, so a miss there (2 x the prompt) always looks dearer than joining a
+  busy worker's batch, and with requests arriving one by one a worker could stay idle for good.
+
+The cost is throughput (work done anywhere); a TTFT guard can keep the first token fast. Each worker
+keeps a prefill queue in time: every dispatched request adds its uncached tokens at
+`prefill_tokens_per_s` (times the worker's weight) behind the ones before it, so with D_w the seconds
+until w's queued prefill is done, this request's first token on w comes after about
+
+    wait_w = D_w + (L - m_w) / (weight_w * prefill_tokens_per_s)    seconds
+
+(engines run prefill before decode), and only workers with wait_w <= min_v wait_v + `ttft_slack_s`
+are candidates. A conversation then stays with the worker holding its history unless other
+requests' prefills just piled up there and another worker could recompute the whole history sooner;
+a burst of new requests for a prefix one worker is still computing spreads once waiting for it costs
+more than the slack (a match whose prefill is still queued waits for it in D_w, so it never looks free).
+The guard is off by default (`ttft_slack_s = inf`): see `CacheAwareSettings.ttft_slack_s`.
 
 Ties go to fewer in-flight requests, then rotate, so an idle cluster fills evenly.
 """
@@ -50,12 +68,17 @@ class CacheAware:
             return Decision(worker=least_loaded(candidates, self._rotation), reason="least_load")
         settings = self.settings
         min_work = min(w.queued_work for w in candidates)
+        min_busy = min(w.in_flight / w.weight for w in candidates)
         pool = [
             w
             for w in candidates
             if not (
                 w.queued_work - min_work > settings.imbalance_abs_tokens
                 and w.queued_work > settings.imbalance_rel * min_work
+            )
+            and not (
+                w.in_flight / w.weight - min_busy > settings.balance_abs_requests
+                and w.in_flight / w.weight > settings.balance_rel * min_busy
             )
         ]
         matches = {w.id: w.match(tokens) for w in pool}
@@ -66,11 +89,19 @@ class CacheAware:
             return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
-        worker = min(
-            order,
-            key=lambda w: (
-                (settings.prefill_weight * (length - matches[w.id]) + w.queued_work) / w.weight,
-                w.in_flight / w.weight,
-            ),
-        )
-        return Decision(worker=worker, match_tokens=matches[worker.id], reason="best_cost", matches=matches)
+        # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
+        waits = {
+            w.id: w.prefill_wait(context.now)
+            + (length - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
+            for w in order
+        }
+        cutoff = min(waits.values()) + settings.ttft_slack_s
+        fast = [w for w in order if waits[w.id] <= cutoff]
+
+        def cost(w: Worker) -> tuple[float, float]:
+            work = (settings.prefill_weight * (length - matches[w.id]) + w.queued_work) / w.weight
+            return work, w.in_flight / w.weight
+
+        worker = min(fast, key=cost)
+        reason = "best_cost" if len(fast) == count or cost(worker) <= min(map(cost, order)) else "ttft"
+        return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)

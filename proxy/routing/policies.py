@@ -36,6 +36,8 @@ class RoutingContext:
     """Output tokens the request may generate (its `max_tokens`, or the configured default)."""
     session_key: str | None = None
     """The `user` field, for the session policy."""
+    now: float = 0.0
+    """The pool's clock at the decision (for the cache_aware TTFT guard's prefill queues)."""
 
 
 @dataclass(slots=True)

@@ -164,7 +164,9 @@ class WorkerPool:
         for worker in candidates:
             worker.expire_prefills(now)
         expected = self.prompts.expected_output(request)
-        context = RoutingContext(tokens=tokens, expected_output=expected, session_key=request.params.user)
+        context = RoutingContext(
+            tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
+        )
         decision = self.policy.choose(candidates, context)
         worker = decision.worker
         if tokens:
@@ -176,6 +178,7 @@ class WorkerPool:
             uncached = len(request.raw_body) // BYTES_PER_TOKEN
         settings = self.settings.cache_aware
         charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
+        worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
         seconds = time.perf_counter() - started
         self.observer.decided(
             self.policy.name, decision, candidates, len(exclude), len(tokens), tokenizer_kind, seconds

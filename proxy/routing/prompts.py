@@ -50,6 +50,8 @@ class PromptTokens:
         self._bytes = ByteTokenizer()
         self._salts: dict[str, int] = {}
         self._segment_cache: OrderedDict[tuple[str, str], array[int]] = OrderedDict()
+        self._pending: dict[tuple[str, str], asyncio.Future[array[int]]] = {}
+        """Segments being encoded right now, awaited by requests that need them too."""
 
     def kind(self, model: str) -> str:
         """The tokenizer kind used for `model`, as `GET /admin/workers` reports it."""
@@ -118,7 +120,9 @@ class PromptTokens:
         """Tokenize message by message through a cache: a system prompt or a conversation's history
         repeats across requests and is tokenized once (a BPE merge never crosses a ChatML marker).
         New text of `THREAD_TOKENIZE_CHARS` or more is encoded on a worker thread, so a long unique
-        prompt (~3 us of CPU per token) neither stalls the event loop nor leaves the other core idle."""
+        prompt (~3 us of CPU per token) neither stalls the event loop nor leaves the other core idle.
+        A segment already being encoded for another request is awaited, not encoded again: a burst of
+        requests sharing a new system prompt (a cold start) tokenizes it once, not once per request."""
         tokenizer = self._tokenizer(model)
         cache = self._segment_cache
         found: list[array[int] | None] = []
@@ -127,22 +131,39 @@ class PromptTokens:
             if ids is not None:
                 cache.move_to_end((model, segment))
             found.append(ids)
-        missing = [segment for segment, ids in zip(segments, found, strict=True) if ids is None]
-        if missing:
-            if isinstance(tokenizer, HFTokenizer) and sum(map(len, missing)) >= THREAD_TOKENIZE_CHARS:
-                encoded = await asyncio.to_thread(tokenizer.encode_many, missing)
-            else:
-                encoded = [tokenizer.encode_now(segment) for segment in missing]
-            fresh = iter(encoded)
-            for index, segment in enumerate(segments):
-                if found[index] is None:
-                    ids = found[index] = array("I", next(fresh))
-                    cache[(model, segment)] = ids
-                    if len(cache) > SEGMENT_CACHE_ENTRIES:
-                        cache.popitem(last=False)
+        pending = self._pending
+        mine = list(dict.fromkeys(s for s, ids in zip(segments, found, strict=True) if ids is None))
+        theirs = {s: pending[(model, s)] for s in mine if (model, s) in pending}
+        mine = [s for s in mine if s not in theirs]
+        if mine:
+            futures = {s: asyncio.get_running_loop().create_future() for s in mine}
+            for segment, future in futures.items():
+                pending[(model, segment)] = future
+            try:
+                if isinstance(tokenizer, HFTokenizer) and sum(map(len, mine)) >= THREAD_TOKENIZE_CHARS:
+                    encoded = await asyncio.to_thread(tokenizer.encode_many, mine)
+                else:
+                    encoded = [tokenizer.encode_now(segment) for segment in mine]
+            except BaseException as exc:
+                for segment, future in futures.items():
+                    del pending[(model, segment)]
+                    future.set_exception(exc)
+                    future.exception()  # retrieved here: a waiter is optional
+                raise
+            for segment, raw in zip(mine, encoded, strict=True):
+                ids = array("I", raw)
+                del pending[(model, segment)]
+                futures[segment].set_result(ids)
+                cache[(model, segment)] = ids
+                if len(cache) > SEGMENT_CACHE_ENTRIES:
+                    cache.popitem(last=False)
+        done = {s: await future for s, future in theirs.items()}
         tokens = array("I")
-        for ids in found:
-            assert ids is not None
+        for segment, ids in zip(segments, found, strict=True):
+            if ids is None:
+                ids = done.get(segment) or cache.get((model, segment))
+                if ids is None:  # evicted between its encoding and now (a burst over the cache size)
+                    ids = array("I", tokenizer.encode_now(segment))
             tokens.extend(ids)
         return tokens, tokenizer.kind
 

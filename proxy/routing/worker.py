@@ -61,6 +61,9 @@ class Worker:
     draining: bool = False
     in_flight: int = 0
     queued_work: float = 0.0
+    prefill_free_at: float = 0.0
+    """When (on the pool's clock) the prefill of the requests dispatched so far should be done: each
+    adds its uncached tokens at the configured prefill speed, behind the ones before it."""
     capacity_estimate: float = 0.0
     requests: int = 0
     failures: int = 0
@@ -152,6 +155,15 @@ class Worker:
         charge = InFlight(prefill=prefill, decode=decode, expires=now + prefill_hold_s)
         self._prefills.append(charge)
         return charge
+
+    def prefill_wait(self, now: float) -> float:
+        """Seconds until the prefill already sent here should be done (what a new request's prefill
+        queues behind: engines run prefill before decode)."""
+        return max(0.0, self.prefill_free_at - now)
+
+    def queue_prefill(self, tokens: float, tokens_per_s: float, now: float) -> None:
+        """Add one dispatched request's uncached prompt to the worker's prefill queue."""
+        self.prefill_free_at = max(now, self.prefill_free_at) + tokens / (tokens_per_s * self.weight)
 
     def expire_prefills(self, now: float) -> None:
         """Drop prefills whose hold has passed (dispatch order is expiry order: one deque suffices)."""

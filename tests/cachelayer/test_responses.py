@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cachelayer.disk import DiskTierConfig
+from cachelayer.keys import KeySeed, bytes_key
 from cachelayer.memory import MemoryTierConfig
 from cachelayer.responses import ResponseCache, StoredResponse, canonical_request, is_deterministic
 from cachelayer.tiers import StoreConfig, TieredStore
@@ -191,3 +192,21 @@ def test_answers_written_through_to_disk_survive_a_restart(tmp_path: Path) -> No
     second.close()
     assert stored is not None and stored.chunks == [b'{"a":1}', b'{"b":2}']
     assert second.stats().tiers[1].hits == 1  # found on disk, not in the new process's memory
+
+
+def test_the_kept_hash_state_gives_the_documented_key_for_every_scope() -> None:
+    """`ResponseCache.key` reuses a hash state per scope; it equals `bytes_key` over the canonical bytes."""
+    cache = memory_cache()
+    raw = json.dumps(BODY).encode()
+    for salt, label in (("tenant-a", None), ("tenant-b", None), ("tenant-a", "v1")):
+        for _ in range(2):  # the second call uses the kept state
+            namespace = "responses/v1/chat/json" + (f"/{label}" if label else "")
+            expected = bytes_key(
+                canonical_request(raw, streamed=False),
+                seed=KeySeed(model_id=BODY["model"], tokenizer_hash="", tenant_salt=salt),
+                namespace=namespace,
+            )
+            got = cache.key(
+                raw, model=BODY["model"], operation="chat", streamed=False, tenant_salt=salt, label=label
+            )
+            assert got == expected

@@ -95,8 +95,8 @@ def test_a_removed_worker_drains_its_requests_then_leaves() -> None:
     try:
         with openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0, timeout=60) as client:
             threads = [
-                # ~3 s each on these engines: the drain below must catch them in flight on a loaded box
-                threading.Thread(target=lambda n=n: results.append(ask(client, n, 200)))
+                # ~6 s each on these engines: the drain below must catch them in flight on a loaded box
+                threading.Thread(target=lambda n=n: results.append(ask(client, n, 400)))
                 for n in range(4)
             ]
             for thread in threads:

@@ -138,3 +138,14 @@ def test_complete_answer_needs_every_choice_finished() -> None:
     assert complete_answer([json.dumps({**two, "usage": usage}).encode()]) == (3, 4)
     assert complete_answer([b'{"choices": []}']) is None
     assert complete_answer([b"not json"]) is None
+
+
+def test_complete_answer_rejects_an_in_band_error_in_a_body_or_a_stream() -> None:
+    finished = b'{"choices": [{"index": 0, "finish_reason": "stop"}]}'
+    error = b'{"error": {"message": "overloaded", "type": "server_error"}}'
+    assert complete_answer([error]) is None
+    assert complete_answer([finished, error]) is None
+    assert complete_answer([b'{"error": "boom", "choices": [{"finish_reason": "stop"}]}']) is None
+    # An explicit null error is no error.
+    assert complete_answer([b'{"error": null, "choices": [{"finish_reason": "stop"}]}']) == (0, 0)
+    assert complete_answer([b'{"choices": [{"index": 0}]}', finished]) == (0, 0)

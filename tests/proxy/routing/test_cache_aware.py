@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
 
 from adapters.schema import PromptTokensDetails, Usage
-from proxy.routing.config import PoolSettings
+from proxy.routing.config import DEFAULT_PREFILL_TOKENS_PER_S, PoolSettings
 from tests.proxy.routing.conftest import chat_request, make_pool
 
 SYSTEM = "You are a careful assistant. " * 40
@@ -125,3 +126,63 @@ async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:
     lease = await pair.acquire(chat_request(SYSTEM, "q"))
     lease.release(usage=None, failed=False)
     assert next(w for w in pair.workers() if w.id == lease.worker_id).tree.total_tokens > 0
+
+
+async def _history_home_and_other(slack: float) -> tuple[str, str]:
+    """A conversation whose ~5,200-byte prompt lives on one of two workers, and the worker chosen for
+    its next turn right after 8,000 tokens of other requests' prefill were queued on that home worker:
+    the cost still favours the history (it saves 2 x 5,200 tokens of prefill against 8,000 queued),
+    the first token does not (0.4 s of prefill to wait for there, 0.26 s to recompute on the idle one)."""
+    pool = make_pool(2, cache_aware={"ttft_slack_s": slack})
+    history = "an earlier turn of this conversation " * 108
+    lease = await pool.acquire(chat_request(SYSTEM, history))
+    home = next(w for w in pool.workers() if w.id == lease.worker_id)
+    lease.release(usage=None, failed=False)
+    now = time.monotonic()
+    home.prefill_free_at = now  # the first turn's own prefill is long done
+    home.charge(prefill=8_000, decode=0, prefill_hold_s=60, now=now)
+    home.queue_prefill(8_000, DEFAULT_PREFILL_TOKENS_PER_S, now)
+    follow_up = await pool.acquire(chat_request(SYSTEM, history + " and the next question"))
+    return home.id, follow_up.worker_id
+
+
+async def test_ttft_guard_moves_a_turn_off_a_worker_with_a_long_prefill_queue() -> None:
+    home, chosen = await _history_home_and_other(slack=0.05)
+    assert chosen != home
+
+
+async def test_without_the_ttft_guard_the_cost_keeps_the_turn_with_its_history() -> None:
+    home, chosen = await _history_home_and_other(slack=float("inf"))
+    assert chosen == home
+
+
+def test_a_workers_prefill_queue_drains_at_its_prefill_speed() -> None:
+    pool = make_pool(2)
+    worker = pool.workers()[0]
+    worker.queue_prefill(20_000, 20_000.0, now=100.0)
+    worker.queue_prefill(10_000, 20_000.0, now=100.5)  # queues behind the first
+    assert worker.prefill_wait(100.5) == 1.0
+    assert worker.prefill_wait(101.25) == 0.25
+    assert worker.prefill_wait(200.0) == 0.0
+    worker.queue_prefill(2_000, 20_000.0, now=200.0)  # an idle queue starts now, not in the past
+    assert worker.prefill_wait(200.0) == pytest.approx(0.1)
+
+
+async def _after_ten_in_flight(balance_abs_requests: int) -> tuple[set[str], str]:
+    """Ten requests sharing a system prompt arrive one at a time and stay in flight: the workers they
+    went to, and the eleventh's. By cost alone each lands where the prompt is cached: a miss elsewhere
+    weighs more than one more short decode in the busy worker's batch."""
+    pool = make_pool(2, cache_aware={"balance_abs_requests": balance_abs_requests})
+    held = [await pool.acquire(chat_request(SYSTEM, f"q{i}", max_tokens=16)) for i in range(10)]
+    eleventh = await pool.acquire(chat_request(SYSTEM, "q10", max_tokens=16))
+    return {lease.worker_id for lease in held}, eleventh.worker_id
+
+
+async def test_the_balance_guard_fills_a_worker_that_cache_affinity_leaves_idle() -> None:
+    busy, _ = await _after_ten_in_flight(balance_abs_requests=8)
+    assert len(busy) == 2  # the tenth went to the idle worker, which then holds the prefix too
+
+
+async def test_without_the_balance_guard_affinity_can_leave_a_worker_idle() -> None:
+    busy, chosen = await _after_ten_in_flight(balance_abs_requests=1_000)
+    assert len(busy) == 1 and chosen in busy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -89,3 +90,21 @@ def test_the_gateway_salt_replaces_a_clients_own() -> None:
     forged = with_cache_salt(b'{"model":"m","cache_salt":"forged"}', "s1")
     assert json.loads(forged) == {"model": "m", "cache_salt": "s1"}
     assert with_cache_salt(b'{"model":"m"}', "") == b'{"model":"m"}'
+
+
+async def test_a_burst_sharing_a_new_long_prompt_tokenizes_it_once(tmp_path: Path) -> None:
+    prompts = PromptTokens({"m": str(word_tokenizer(tmp_path))}, 16)
+    tokenizer = prompts._tokenizer("m")
+    encoded: list[str] = []
+    encode_many = tokenizer.encode_many  # type: ignore[union-attr]
+
+    def counting(texts: list[str]) -> list[list[int]]:
+        encoded.extend(texts)
+        return encode_many(texts)
+
+    tokenizer.encode_many = counting  # type: ignore[union-attr]
+    system = "you are hello world " * 400  # long enough to be encoded on a thread
+    results = await asyncio.gather(*(prompts.tokens(chat(system, f"hello {i}"), []) for i in range(8)))
+    assert sum(1 for text in encoded if "you are hello world you are" in text) == 1
+    first = list(results[0][0])
+    assert all(list(tokens[: len(first) - 4]) == first[:-4] for tokens, _ in results)

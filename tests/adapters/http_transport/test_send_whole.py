@@ -1,0 +1,91 @@
+"""`UpstreamClient.post` over `FastTransport.send_whole`: the request path's POSTs, read whole."""
+
+from __future__ import annotations
+
+import gzip
+
+import httpx
+import pytest
+
+from adapters.upstream_client import UpstreamClient, UpstreamClientConfig
+from tests.adapters.http_transport.servers import Exchange, answer, response, serve
+
+HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+
+async def test_post_sends_head_headers_and_body_and_reuses_the_connection() -> None:
+    async def respond(exchange: Exchange) -> bool:
+        return await answer(exchange, response(b"echo " + exchange.request.body, status=201))
+
+    async with serve(respond) as server:
+        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+        url = httpx.URL(server.url + "/v1/chat/completions")
+        try:
+            first = await client.post(url, b'{"a":1}', {"traceparent": "00-ab-cd-01"})
+            second = await client.post(url, b'{"b":2}', None)
+        finally:
+            await client.aclose()
+    assert (first.status_code, first.content) == (201, b'echo {"a":1}')
+    assert second.content == b'echo {"b":2}'
+    assert server.connections == 1
+    request = server.received[0]
+    assert (request.method, request.path) == ("POST", "/v1/chat/completions")
+    assert request.headers["host"] == f"127.0.0.1:{server.port}"
+    assert request.headers["content-length"] == "7"
+    assert request.headers["traceparent"] == "00-ab-cd-01"
+    assert request.headers["accept-encoding"] == "identity"
+    assert "traceparent" not in server.received[1].headers
+
+
+async def test_large_answer_is_read_whole_past_the_read_high_water() -> None:
+    payload = bytes(range(256)) * (12 << 12)  # 12 MiB: the socket pauses and resumes reading
+
+    async def respond(exchange: Exchange) -> bool:
+        return await answer(exchange, response(payload))
+
+    async with serve(respond) as server:
+        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+        try:
+            reply = await client.post(httpx.URL(server.url + "/v1/completions"), b"{}", None)
+        finally:
+            await client.aclose()
+    assert reply.content == payload
+
+
+async def test_a_chunked_and_gzip_encoded_answer_is_decoded() -> None:
+    compressed = gzip.compress(b'{"ok":true}')
+
+    async def respond(exchange: Exchange) -> bool:
+        exchange.writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-encoding: gzip\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(compressed), compressed)
+        )
+        await exchange.writer.drain()
+        return True
+
+    async with serve(respond) as server:
+        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+        try:
+            reply = await client.post(httpx.URL(server.url + "/v1/completions"), b"{}", None)
+        finally:
+            await client.aclose()
+    assert reply.content == b'{"ok":true}'
+
+
+async def test_a_dropped_connection_is_an_httpx_error_and_the_post_is_not_sent_twice() -> None:
+    async def respond(exchange: Exchange) -> bool:
+        if exchange.request.body == b"second":
+            return False  # closed without an answer
+        return await answer(exchange, response(b"ok"))
+
+    async with serve(respond) as server:
+        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+        url = httpx.URL(server.url + "/v1/completions")
+        try:
+            assert (await client.post(url, b"first", None)).content == b"ok"
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(url, b"second", None)
+            assert (await client.post(url, b"third", None)).content == b"ok"
+        finally:
+            await client.aclose()
+    assert [r.body for r in server.received] == [b"first", b"second", b"third"]
