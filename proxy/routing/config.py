@@ -41,7 +41,7 @@ DEFAULT_TTFT_SLACK_S = math.inf
 DEFAULT_IMBALANCE_ABS_TOKENS = 65_536
 DEFAULT_IMBALANCE_REL = 2.0
 DEFAULT_BALANCE_ABS_REQUESTS = 12
-DEFAULT_BALANCE_REL = 4.0
+DEFAULT_BALANCE_REL = 16.0
 DEFAULT_TREE_TTL_S = 600.0
 DEFAULT_EVICT_HEADROOM = 0.1
 
@@ -122,9 +122,10 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     """... and more than this factor of its in-flight requests is not considered, whatever its match
     (SGLang's router does the same on request counts). Queued work alone cannot see an idle worker:
     when every request's decode weighs little, a 2k-token miss there always costs more than joining
-    a busy worker's batch, and a quarter of the cluster can stay idle for good. 4: the guard is for
-    (nearly) idle workers; at 2.0 it moved generated-shared-prefix's groups off slow workers and cut
-    the hit rate to 67% of prompt tokens (the oracle: 81%)."""
+    a busy worker's batch, and half the cluster can stay idle for good. 16: the guard is for (nearly)
+    idle workers; lower factors move generated-shared-prefix's groups off busy workers (hit rate of
+    prompt tokens at 2.0: 67%, at 4.0: 72-79%, at 16: 81%, the sticky oracle: 81%; benchmarks/RESULTS.md
+    "## routing")."""
     tree_ttl_s: float = DEFAULT_TREE_TTL_S
     """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
     expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS
