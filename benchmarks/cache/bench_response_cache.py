@@ -21,8 +21,7 @@ request costs (the throughput baseline above), which is what the cache adds when
 
     python -m benchmarks.cache.bench_response_cache [--rounds 12] [--duration 2] [--concurrency 16]
 
-The no-reuse floor (cache on >= 0.95x of cache off) has its own, longer measurement:
-`benchmarks.cache.bench_no_reuse` (paired rounds, steady-state tiers, per-round ratios).
+The no-reuse floor (cache on >= 0.95x of cache off) is measured by `benchmarks.cache.bench_no_reuse`.
 """
 
 from __future__ import annotations
@@ -166,8 +165,7 @@ async def _closed_loop(
 
 
 def load(pid: int, port: int, payloads: Payloads, concurrency: int, duration: float, warmup: float) -> Run:
-    """Run the load from this process; charge the gateway's CPU over the measured window only (the
-    requests counted are those sent and answered inside it)."""
+    """Run the load from this process: the requests answered in the measured window, and its CPU."""
     return uvloop.run(_closed_loop(pid, port, payloads, concurrency, duration, warmup))
 
 

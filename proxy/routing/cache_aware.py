@@ -43,6 +43,7 @@ Ties go to fewer in-flight requests, then rotate, so an idle cluster fills evenl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from proxy.routing.config import CacheAwareSettings
@@ -89,14 +90,16 @@ class CacheAware:
             return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
-        # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
-        waits = {
-            w.id: w.prefill_wait(context.now)
-            + (length - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
-            for w in order
-        }
-        cutoff = min(waits.values()) + settings.ttft_slack_s
-        fast = [w for w in order if waits[w.id] <= cutoff]
+        fast = order
+        if settings.ttft_slack_s != math.inf:
+            # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
+            waits = {
+                w.id: w.prefill_wait(context.now)
+                + (length - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
+                for w in order
+            }
+            cutoff = min(waits.values()) + settings.ttft_slack_s
+            fast = [w for w in order if waits[w.id] <= cutoff]
 
         def cost(w: Worker) -> tuple[float, float]:
             work = (settings.prefill_weight * (length - matches[w.id]) + w.queued_work) / w.weight
