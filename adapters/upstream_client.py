@@ -142,6 +142,8 @@ class UpstreamClient:
             for name, value in self._headers:
                 lines += (name, b": ", value, b"\r\n")
             target = _Target(url, Origin(url.host, url.port or 80), b"".join(lines))
+            if len(self._targets) >= _MAX_TARGETS:  # a caller building a URL per request: stay bounded
+                self._targets.clear()
             self._targets[id(url)] = target
         return target
 
@@ -156,6 +158,10 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+_MAX_TARGETS = 64
+"""Prepared request heads kept per client; an adapter posts to a handful of fixed URLs."""
 
 
 class _Target(NamedTuple):

@@ -13,6 +13,15 @@ from tests.adapters.http_transport.servers import Exchange, answer, response, se
 HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
+async def post_once(base_url: str) -> httpx.Response:
+    """One `UpstreamClient.post` of `{}` to `/v1/completions`, on a client closed afterwards."""
+    client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+    try:
+        return await client.post(httpx.URL(base_url + "/v1/completions"), b"{}", None)
+    finally:
+        await client.aclose()
+
+
 async def test_post_sends_head_headers_and_body_and_reuses_the_connection() -> None:
     async def respond(exchange: Exchange) -> bool:
         return await answer(exchange, response(b"echo " + exchange.request.body, status=201))
@@ -44,11 +53,7 @@ async def test_large_answer_is_read_whole_past_the_read_high_water() -> None:
         return await answer(exchange, response(payload))
 
     async with serve(respond) as server:
-        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
-        try:
-            reply = await client.post(httpx.URL(server.url + "/v1/completions"), b"{}", None)
-        finally:
-            await client.aclose()
+        reply = await post_once(server.url)
     assert reply.content == payload
 
 
@@ -64,11 +69,7 @@ async def test_a_chunked_and_gzip_encoded_answer_is_decoded() -> None:
         return True
 
     async with serve(respond) as server:
-        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
-        try:
-            reply = await client.post(httpx.URL(server.url + "/v1/completions"), b"{}", None)
-        finally:
-            await client.aclose()
+        reply = await post_once(server.url)
     assert reply.content == b'{"ok":true}'
 
 
