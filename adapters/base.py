@@ -50,6 +50,10 @@ class Completion:
     response_id: str | None = None
     response_model: str | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    """The finish reasons the body's choices carry (choices without one are left out)."""
+    choices: int | None = None
+    """How many choices the body holds, when the adapter counted them: the response cache then knows
+    a body is complete (every choice finished) without decoding it again."""
 
 
 @runtime_checkable

@@ -268,4 +268,5 @@ def _completion(body: bytes, probe: ResponseProbe) -> Completion:
         response_id=probe.id,
         response_model=probe.model,
         finish_reasons=[choice.finish_reason for choice in probe.choices if choice.finish_reason],
+        choices=len(probe.choices),
     )

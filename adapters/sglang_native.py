@@ -86,6 +86,7 @@ class NativeRequest:
             response_id=self.response_id,
             response_model=self.model,
             finish_reasons=[finish] if finish else [],
+            choices=1,
         )
 
     def stream_chunks(self, data: bytes) -> list[bytes]:

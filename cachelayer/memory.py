@@ -6,6 +6,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import zstandard
 
@@ -26,9 +27,9 @@ DEFAULT_L1_BYTES = 64 * 1024 * 1024
 DEFAULT_L2_BYTES = 512 * 1024 * 1024
 DEFAULT_ZSTD_LEVEL = 3
 ENTRY_OVERHEAD_BYTES = 64
+"""Bytes charged per entry on top of key and value, so a flood of tiny entries cannot dodge the budget."""
 MIN_COMPRESS_BYTES = 1024
 """Smaller values are kept raw: zstd took ~10 us to shrink a 314-byte answer to 252 bytes."""
-"""Bytes charged per entry on top of key and value, so a flood of tiny entries cannot dodge the budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +50,12 @@ class MemoryTierConfig:
     """Most entries held at once (e.g. the seed's ``l1_capacity``); None: only the byte budget limits."""
 
 
-@dataclass(slots=True)
-class _Slot:
-    data: bytes
+class _Slot(NamedTuple):
+    entry: Entry
+    """The entry as stored: the caller's own object, or a copy holding zstd-compressed bytes."""
     compressed: bool
     size: int
-    expires_at: float | None
-    cost: float
+    """Bytes charged against the budget (key + stored data + ``ENTRY_OVERHEAD_BYTES``)."""
 
 
 class MemoryTier:
@@ -86,7 +86,7 @@ class MemoryTier:
         """The live entry for ``key``, or None."""
         self._counters.queries += 1
         slot = self._slots.get(key)
-        if slot is not None and slot.expires_at is not None and slot.expires_at <= self._clock():
+        if slot is not None and slot.entry.expires_at is not None and slot.entry.expires_at <= self._clock():
             self._drop(key)
             self._policy.remove(key)
             self._counters.expirations += 1
@@ -101,7 +101,7 @@ class MemoryTier:
     def contains(self, key: bytes) -> bool:
         """Whether a live entry for ``key`` is held (no query counted, no recency refreshed)."""
         slot = self._slots.get(key)
-        return slot is not None and (slot.expires_at is None or slot.expires_at > self._clock())
+        return slot is not None and (slot.entry.expires_at is None or slot.entry.expires_at > self._clock())
 
     def put(self, key: bytes, entry: Entry) -> list[tuple[bytes, Entry]]:
         """Store ``entry``, evicting by policy first; returns the live entries pushed out."""
@@ -109,11 +109,12 @@ class MemoryTier:
         if key in slots:
             self._drop(key)
             self._policy.remove(key)
-        data, compressed = entry.data, False
+        stored, compressed = entry, False
+        data = entry.data
         if self._compressor is not None and len(data) >= MIN_COMPRESS_BYTES:
             packed = self._compressor.compress(data)
             if len(packed) < len(data):
-                data, compressed = packed, True
+                stored, compressed, data = entry._replace(data=packed), True, packed
         size = len(key) + len(data) + ENTRY_OVERHEAD_BYTES
         capacity, max_entries = self._capacity, self._max_entries
         if size > capacity or max_entries == 0:
@@ -121,7 +122,7 @@ class MemoryTier:
         pushed_out: list[tuple[bytes, Entry]] = []
         if self._bytes + size > capacity or len(slots) >= max_entries:
             self._make_room(size, pushed_out)
-        slots[key] = _Slot(data, compressed, size, entry.expires_at, entry.cost)
+        slots[key] = _Slot(stored, compressed, size)
         self._bytes += size
         self._policy.insert(key, size, entry.cost)
         self._counters.puts += 1
@@ -135,7 +136,8 @@ class MemoryTier:
             victim = self._policy.pop_victim()
             assert victim is not None, "policy lost track of stored keys"
             slot = self._drop(victim)
-            if slot.expires_at is not None and slot.expires_at <= now:
+            expires_at = slot.entry.expires_at
+            if expires_at is not None and expires_at <= now:
                 self._counters.expirations += 1
             else:
                 self._counters.evictions += 1
@@ -176,5 +178,6 @@ class MemoryTier:
         return slot
 
     def _entry(self, slot: _Slot) -> Entry:
-        data = self._decompressor.decompress(slot.data) if slot.compressed else slot.data
-        return Entry(data=data, expires_at=slot.expires_at, cost=slot.cost)
+        if not slot.compressed:
+            return slot.entry
+        return slot.entry._replace(data=self._decompressor.decompress(slot.entry.data))

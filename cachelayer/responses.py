@@ -97,6 +97,8 @@ def _number(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
+_STREAM_IGNORED = tuple(sorted(IGNORED_FIELDS))
+_JSON_IGNORED = tuple(sorted(IGNORED_FIELDS | STREAM_ONLY_FIELDS))
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(StoredResponse)
 _request_decoder = msgspec.json.Decoder(dict[str, Any], float_hook=_number)
@@ -117,8 +119,9 @@ def canonical_request(raw_body: bytes, *, streamed: bool) -> bytes:
         body = _request_decoder.decode(raw_body)
     except msgspec.DecodeError as exc:
         raise ValueError(f"the request body is not a JSON object: {exc}") from None
-    for name in IGNORED_FIELDS if streamed else IGNORED_FIELDS | STREAM_ONLY_FIELDS:
-        body.pop(name, None)
+    for name in _STREAM_IGNORED if streamed else _JSON_IGNORED:
+        if name in body:
+            del body[name]
     return _json_encoder.encode(body)
 
 
@@ -159,20 +162,25 @@ class ResponseCache:
         the hash state over everything before the payload is kept per scope, so a request pays for
         hashing its own canonical bytes only.
         """
-        salt = "" if self.share_across_tenants else tenant_salt
-        scope = (model, operation, streamed, salt, label)
+        scope = (model, operation, streamed, "" if self.share_across_tenants else tenant_salt, label)
         prefix = self._prefixes.get(scope)
         if prefix is None:
-            namespace = f"{_NAMESPACE}/{operation}/{'sse' if streamed else 'json'}"
-            if label is not None:
-                namespace += "/" + label
-            seed = KeySeed(model_id=model, tokenizer_hash="", tenant_salt=salt)
-            if len(self._prefixes) >= MAX_KEY_PREFIXES:
-                self._prefixes.clear()
-            prefix = self._prefixes[scope] = bytes_key_hasher(seed=seed, namespace=namespace)
+            prefix = self._prefix(scope)
         hasher = prefix.copy()
         hasher.update(canonical_request(raw_body, streamed=streamed))
         return hasher.digest()
+
+    def _prefix(self, scope: tuple[str, str, bool, str, str | None]) -> hashlib._Hash:
+        """The hash state over everything a key hashes before its payload, kept per scope."""
+        model, operation, streamed, salt, label = scope
+        namespace = f"{_NAMESPACE}/{operation}/{'sse' if streamed else 'json'}"
+        if label is not None:
+            namespace += "/" + label
+        seed = KeySeed(model_id=model, tokenizer_hash="", tenant_salt=salt)
+        if len(self._prefixes) >= MAX_KEY_PREFIXES:
+            self._prefixes.clear()
+        prefix = self._prefixes[scope] = bytes_key_hasher(seed=seed, namespace=namespace)
+        return prefix
 
     def get(self, key: bytes) -> StoredResponse | None:
         """The stored answer, or None; an entry that does not decode (another version) is dropped."""

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from cachelayer.stats import TierSnapshot
 
@@ -13,9 +12,12 @@ DEFAULT_COST = 1.0
 """Cost of recomputing an entry when the caller gives none (only the ``adaptive`` policy reads it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A stored value with the metadata that travels with it between tiers."""
+class Entry(NamedTuple):
+    """A stored value with the metadata that travels with it between tiers.
+
+    A named tuple rather than a frozen dataclass: every store builds one and every demotion moves
+    one, and a tuple is built in a fifth of the time (no ``object.__setattr__`` per field).
+    """
 
     data: bytes
     expires_at: float | None

@@ -164,8 +164,8 @@ class TieredStore:
         ttl = self._default_ttl if ttl_s is None else ttl_s
         if ttl is not None and ttl <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl}")
+        entry = Entry(value, None if ttl is None else self._clock() + ttl, cost)
         with self._lock:
-            entry = Entry(data=value, expires_at=None if ttl is None else self._clock() + ttl, cost=cost)
             if self._write_back:
                 for lower in self._below_first:  # an older value below would resurface once L1 drops this
                     lower.delete(key)
@@ -205,9 +205,14 @@ class TieredStore:
 
     def _store_at(self, depth: int, key: bytes, entry: Entry) -> None:
         """Put into tier ``depth``; under write-back, cascade what it pushes out down the tiers."""
-        pending = self._levels[depth].put(key, entry)
-        depth += 1
-        while pending and self._write_back and depth < len(self._levels):
-            level = self._levels[depth]
-            pending = [out for item in pending for out in level.put(*item)]
-            depth += 1
+        levels = self._levels
+        pending = levels[depth].put(key, entry)
+        if not pending or not self._write_back:
+            return
+        for level in levels[depth + 1 :]:
+            pushed: list[tuple[bytes, Entry]] = []
+            for out_key, out_entry in pending:
+                pushed += level.put(out_key, out_entry)
+            if not pushed:
+                return
+            pending = pushed

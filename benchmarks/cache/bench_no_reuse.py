@@ -16,12 +16,20 @@ of their gateway CPU per request (utime+stime from /proc over the burst's measur
 verdict is the median of the per-round ratios; every round is printed so the spread is visible.
 Each burst also prints the gateway's CPU use over the window (near 1.0 = the core was saturated).
 
-    python -m benchmarks.cache.bench_no_reuse [--rounds 8] [--duration 4] [--concurrency 32]
+`--paired` measures the same two gateways at the same time instead: both pinned to the one core,
+each with its own `--concurrency` closed-loop clients, so the scheduler gives each about half of
+that core and every drift of the machine hits both alike. A round's ratio is then the two gateways'
+throughputs in the same seconds (and their CPU per request); with equal CPU shares the throughput
+ratio is the inverse of the CPU-per-request ratio, which is the figure that does not depend on the
+shares.
+
+    python -m benchmarks.cache.bench_no_reuse [--rounds 8] [--duration 4] [--concurrency 32] [--paired]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import subprocess
@@ -29,11 +37,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import uvloop
+
 from benchmarks.cache.bench_response_cache import (
     DISABLED,
     ENABLED,
     Payloads,
     Run,
+    _closed_loop,
     _free_port,
     gateway,
     load,
@@ -83,6 +94,14 @@ def main() -> None:
         default=ENABLED,
         help="radixgate.toml text of the cache-on gateway (default: empty)",
     )
+    parser.add_argument(
+        "--aa-control",
+        action="store_true",
+        help="A/A control: the 'on' gateway runs with the cache off too (shows the method's own bias)",
+    )
+    parser.add_argument(
+        "--paired", action="store_true", help="load both gateways at once on the one core (see above)"
+    )
     parser.add_argument("--gateway-cpu", default="1")
     parser.add_argument("--client-cpu", default="0")
     args = parser.parse_args()
@@ -90,13 +109,14 @@ def main() -> None:
     print(f"start: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {uptime()}")
     stub_port = _free_port()
     stub = start(args.client_cpu, [PYTHON, "-m", "benchmarks.overhead.stub", "--port", str(stub_port)])
-    variants: list[tuple[str, str, str]] = [("off", DISABLED, "bypass"), ("on", ENABLED, "miss")]
+    on_config, on_outcome = (DISABLED, "bypass") if args.aa_control else (args.on_config, "miss")
+    variants: list[tuple[str, str, str]] = [("off", DISABLED, "bypass"), ("on", on_config, on_outcome)]
     bursts: list[Burst] = []
     try:
         time.sleep(1.0)
         with (
             gateway(stub_port, DISABLED, cpu=args.gateway_cpu) as off,
-            gateway(stub_port, args.on_config, cpu=args.gateway_cpu) as on,
+            gateway(stub_port, on_config, cpu=args.gateway_cpu) as on,
         ):
             running = {"off": off, "on": on}
             for name, _, expected in variants:
@@ -112,6 +132,10 @@ def main() -> None:
                 return Burst(name, number, run, args.duration)
 
             for number in range(args.rounds):
+                if args.paired:
+                    bursts += paired_round(running, number, args)
+                    print(bursts[-2].row(), bursts[-1].row(), sep="\n", flush=True)
+                    continue
                 order = ("off", "on") if number % 2 == 0 else ("on", "off")
                 for name in order:
                     bursts.append(burst(name, number, unique))
@@ -123,9 +147,32 @@ def main() -> None:
     report(bursts, args)
 
 
+def paired_round(running: dict[str, tuple[int, int]], number: int, args: argparse.Namespace) -> list[Burst]:
+    """One burst of both gateways at the same time, each with its own clients."""
+
+    async def both() -> list[Run]:
+        return list(
+            await asyncio.gather(
+                *(
+                    _closed_loop(
+                        pid, port, unique(port, f"p{number}"), args.concurrency, args.duration, args.warmup
+                    )
+                    for pid, port in (running["off"], running["on"])
+                )
+            )
+        )
+
+    off, on = uvloop.run(both())
+    return [Burst("off", number, off, args.duration), Burst("on", number, on, args.duration)]
+
+
 def report(bursts: list[Burst], args: argparse.Namespace) -> None:
     print()
-    print(f"No reuse: {args.concurrency} closed-loop clients, {args.rounds} rounds of {args.duration:g} s")
+    mode = "both gateways at once on one core" if args.paired else "one gateway at a time"
+    print(
+        f"No reuse: {args.concurrency} closed-loop clients per gateway, {args.rounds} rounds of "
+        f"{args.duration:g} s, {mode}"
+    )
     print()
     print("| round | cache | requests | req/s | gateway CPU us/req | gateway CPU busy | p50 ms | errors |")
     print("|---|---|---|---|---|---|---|---|")

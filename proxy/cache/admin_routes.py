@@ -66,6 +66,7 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
             await layer.store_stats_async(),
             layer.monitor,
             gateway.router,
+            layer.step.admission,
             enabled=layer.responses is not None,
             shared=layer.settings.share_across_tenants,
         )

@@ -15,7 +15,7 @@ from typing import Literal
 
 from prometheus_client import Histogram
 
-CounterName = Literal["hits", "misses", "refreshes", "bypasses", "stores", "not_stored"]
+CounterName = Literal["hits", "misses", "refreshes", "bypasses", "stores", "not_stored", "not_admitted"]
 
 DEFAULT_TREND_WINDOW_S = 3600.0
 """Trend samples older than this are dropped (the seed reports a one-hour window)."""
@@ -38,6 +38,8 @@ class CacheCounters:
     """Answers stored."""
     not_stored: int = 0
     """Answers not stored because they failed, were cut short, or were incomplete."""
+    not_admitted: int = 0
+    """Misses whose answer the admission gate left unstored (`cachelayer.admission`)."""
 
     @property
     def lookups(self) -> int:

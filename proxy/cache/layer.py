@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.handlers import BaseRouteHandler
 
+from cachelayer.admission import AdmissionGate
 from cachelayer.disk import CacheDirLockedError
 from cachelayer.responses import ResponseCache
 from cachelayer.stats import StoreSnapshot
@@ -51,7 +52,8 @@ class CacheLayer:
         self.responses = responses
         self.monitor = monitor
         self.router = router
-        self.step = ResponseCacheStep(responses, monitor)
+        admission = AdmissionGate(settings.admission, min_hit_rate=settings.admission_min_hit_rate)
+        self.step = ResponseCacheStep(responses, monitor, admission)
 
     @classmethod
     def from_settings(

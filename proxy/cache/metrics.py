@@ -92,11 +92,12 @@ class CacheCollector:
         yield requests
         stores = CounterMetricFamily(
             METRIC_PREFIX + "response_cache_stores",
-            "Answers stored in the response cache, or not stored (failed, cut short, incomplete).",
+            "Answers stored in the response cache, or not (failed, cut short, incomplete; not admitted).",
             labels=["result"],
         )
         stores.add_metric(["stored"], float(total.stores))
         stores.add_metric(["not_stored"], float(total.not_stored))
+        stores.add_metric(["not_admitted"], float(total.not_admitted))
         yield stores
         radix = radix_stats(self._router)
         tokens = GaugeMetricFamily(

@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from cachelayer.admission import DEFAULT_ADMISSION, DEFAULT_MIN_HIT_RATE, AdmissionPolicy
 from cachelayer.policies import POLICY_NAMES
 
 PresetName = Literal["development", "production"]
@@ -71,6 +72,11 @@ class CacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """`redis://host:port/db` of a Redis shared by gateway replicas; None: no Redis tier."""
     redis_key_prefix: str = DEFAULT_REDIS_PREFIX
     """Namespace of this deployment's keys in Redis (`POST /v1/cache/clear` deletes only these)."""
+    admission: AdmissionPolicy = DEFAULT_ADMISSION
+    """Which missed answers are stored: `always`, `second_sighting` (a key's second miss), or
+    `adaptive` (always while the cache earns hits, second sighting while it does not)."""
+    admission_min_hit_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = DEFAULT_MIN_HIT_RATE
+    """The `adaptive` policy stores every answer while a window of lookups reaches this hit rate."""
 
 
 class KvCacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

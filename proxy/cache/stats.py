@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from cachelayer.admission import AdmissionGate
 from cachelayer.stats import StoreSnapshot, TierSnapshot
 from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
@@ -97,6 +98,11 @@ class ResponseCacheStats(msgspec.Struct, kw_only=True):
     bypasses: int
     stores: int
     not_stored: int
+    not_admitted: int
+    admission: str
+    """The admission policy (`always`, `adaptive`, `second_sighting`)."""
+    admission_selective: bool
+    """Whether answers are stored only on their key's second sighting now."""
     hit_rate: float
 
 
@@ -210,6 +216,7 @@ def build_stats(
     store: StoreSnapshot | None,
     monitor: CacheMonitor,
     router: Router,
+    admission: AdmissionGate,
     *,
     enabled: bool,
     shared: bool,
@@ -226,7 +233,7 @@ def build_stats(
         preset=preset,
         cache_manager=CacheManagerStats(
             kv_cache=_kv_cache(store, tiers, offloads),
-            response_cache=_response_cache(total, enabled=enabled, shared=shared),
+            response_cache=_response_cache(total, admission, enabled=enabled, shared=shared),
             radix_tree=radix,
             speculation=SpeculationStats(configured=config.speculative),
             sliding_window=SlidingWindowStats(configured=config.sliding_window),
@@ -277,7 +284,9 @@ def _kv_cache(
     )
 
 
-def _response_cache(total: CacheCounters, *, enabled: bool, shared: bool) -> ResponseCacheStats:
+def _response_cache(
+    total: CacheCounters, admission: AdmissionGate, *, enabled: bool, shared: bool
+) -> ResponseCacheStats:
     return ResponseCacheStats(
         enabled=enabled,
         share_across_tenants=shared,
@@ -287,6 +296,9 @@ def _response_cache(total: CacheCounters, *, enabled: bool, shared: bool) -> Res
         bypasses=total.bypasses,
         stores=total.stores,
         not_stored=total.not_stored,
+        not_admitted=total.not_admitted,
+        admission=admission.policy,
+        admission_selective=admission.selective,
         hit_rate=percent(total.hit_rate),
     )
 

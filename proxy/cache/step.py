@@ -29,8 +29,9 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from adapters.base import EngineRequest
+from adapters.base import Completion, EngineRequest
 from adapters.sse import DONE, SSEDecoder
+from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
 from proxy.asgi_types import Message, Send
 from proxy.cache.counters import CacheCounters, CacheMonitor
@@ -40,7 +41,9 @@ from proxy.streaming import DONE_EVENT, SSE_HEADERS, sse_event
 logger = logging.getLogger("radixgate.cache")
 
 Outcome = Literal["hit", "miss", "bypass"]
-Forward = Callable[[Send], Awaitable[None]]
+Forward = Callable[[Send], Awaitable[Completion | None]]
+"""Sends the engine's answer through `send`; returns the `Completion` it sent when that was a whole
+JSON answer with status 200 (None for a stream or anything else: the step then records the messages)."""
 Headers = list[tuple[bytes, bytes]]
 
 CACHE_HEADER = b"x-radixgate-cache"
@@ -73,8 +76,7 @@ CURRENT_CALL: ContextVar[CachedCall | None] = ContextVar("radixgate_cached_call"
 """Set by the cached endpoints around the generation handler; None on the plain OpenAI routes."""
 
 
-@dataclass(slots=True, frozen=True)
-class _Plan:
+class _Plan(NamedTuple):
     key: bytes
     lookup: bool
 
@@ -82,11 +84,18 @@ class _Plan:
 class ResponseCacheStep:
     """See the module docstring. `cache` None means the response cache is off (every answer: bypass)."""
 
-    __slots__ = ("_pending", "_queued", "cache", "monitor")
+    __slots__ = ("_pending", "_queued", "admission", "cache", "monitor")
 
-    def __init__(self, cache: ResponseCache | None, monitor: CacheMonitor | None = None) -> None:
+    def __init__(
+        self,
+        cache: ResponseCache | None,
+        monitor: CacheMonitor | None = None,
+        admission: AdmissionGate | None = None,
+    ) -> None:
         self.cache = cache
         self.monitor = monitor or CacheMonitor()
+        self.admission = admission or AdmissionGate()
+        """Which missed answers are stored (see `cachelayer.admission`)."""
         self._pending: set[asyncio.Task[None]] = set()
         self._queued = 0
         """Stores scheduled with `call_soon` and not yet run."""
@@ -102,19 +111,41 @@ class ResponseCacheStep:
         counters = self.monitor.tenant(request.tenant_id)
         if call is not None:
             call.tenant = counters
-        plan = self._plan(request, request_headers, call)
+        lookup = self._lookup(request, request_headers, call)
+        if lookup and not self.admission.admit(request.raw_body):
+            # The cache is not earning hits and this body is new: no key, no lookup, no store.
+            self.admission.observe(False)
+            headers.append((CACHE_HEADER, b"miss"))
+            self.monitor.count(counters, "misses")
+            self.monitor.count(counters, "not_admitted")
+            if call is not None:
+                call.outcome, call.forward_started = "miss", time.perf_counter()
+            await forward(send)
+            return
+        plan = None if lookup is None else self._plan(request, call, lookup)
         if plan is None:
             headers.append((CACHE_HEADER, b"bypass"))
             self.monitor.count(counters, "bypasses")
-            await self._forward(forward, send, call, "bypass")
+            if call is not None:
+                call.outcome, call.forward_started = "bypass", time.perf_counter()
+            await forward(send)
             return
         started = time.perf_counter()
-        stored = await self.get(plan.key) if plan.lookup else None
+        stored = None
         if plan.lookup:
+            cache = self.cache
+            if cache is not None and cache.blocking and cache.get_blocks(plan.key):
+                stored = await self.get(plan.key)
+            else:  # memory tiers answer in microseconds: no coroutine, no thread
+                stored = self._get_now(plan.key)
             self.monitor.lookup_done(time.perf_counter() - started)
         if call is not None:
             call.cache_started, call.lookup_s = started, time.perf_counter() - started
-        if stored is not None and stored.streamed == request.stream:
+        hit = stored is not None and stored.streamed == request.stream
+        if plan.lookup:
+            self.admission.observe(hit)
+        if hit:
+            assert stored is not None
             headers.append((CACHE_HEADER, b"hit"))
             self.monitor.count(counters, "hits")
             if call is not None:
@@ -123,19 +154,25 @@ class ResponseCacheStep:
             return
         headers.append((CACHE_HEADER, b"miss"))
         self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
-        recorder = _Recorder(send)
-        await self._forward(forward, recorder.send, call, "miss")
+        if call is not None:
+            call.outcome, call.forward_started = "miss", time.perf_counter()
+        # A stream is recorded message by message; a JSON answer comes back whole from `forward`.
+        recorder = _Recorder(send) if request.stream else None
+        completion = await forward(send if recorder is None else recorder.send)
+        answer: _Recorder | Completion | None = recorder or completion
+        if answer is None:  # a JSON answer that was not whole (an error status): nothing to store
+            return
         # Stored after the handler returns, so the answer's end (and its server span) is not delayed.
         # A store that cannot block (memory tiers, L3 written behind) is a plain callback on the next
         # loop turn: a task per miss cost more than the memory write itself.
         loop = asyncio.get_running_loop()
         if self.cache is not None and self.cache.puts_block:
-            task = loop.create_task(self._store_answer(plan.key, recorder, request.stream, counters))
+            task = loop.create_task(self._store_answer(plan.key, answer, counters))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         else:
             self._queued += 1
-            loop.call_soon(self._store_now, plan.key, recorder, request.stream, counters)
+            loop.call_soon(self._store_now, plan.key, answer, counters)
 
     async def drain(self) -> None:
         """Wait for answers still being stored (before the store is closed)."""
@@ -145,15 +182,15 @@ class ResponseCacheStep:
             else:
                 await asyncio.sleep(0)  # queued callbacks run on this turn of the loop
 
-    def _store_now(self, key: bytes, recorder: _Recorder, streamed: bool, counters: CacheCounters) -> None:
-        """Store a recorded answer into a store whose `put` never waits on I/O."""
+    def _store_now(self, key: bytes, answer: _Recorder | Completion, counters: CacheCounters) -> None:
+        """Store an answer into a store whose `put` never waits on I/O."""
         self._queued -= 1
         cache = self.cache
         if cache is None:
             return
         monitor = self.monitor
         started = time.perf_counter() if monitor.profile is not None else 0.0  # timed only when profiled
-        response = recorder.response(streamed)
+        response = _stored(answer)
         if response is None:
             monitor.count(counters, "not_stored")
             return
@@ -167,10 +204,10 @@ class ResponseCacheStep:
             monitor.store_done(time.perf_counter() - started)
 
     async def _store_answer(
-        self, key: bytes, recorder: _Recorder, streamed: bool, counters: CacheCounters
+        self, key: bytes, answer: _Recorder | Completion, counters: CacheCounters
     ) -> None:
         started = time.perf_counter()
-        response = recorder.response(streamed)
+        response = _stored(answer)
         if response is None:
             self.monitor.count(counters, "not_stored")
         elif await self.put(key, response):
@@ -205,6 +242,16 @@ class ResponseCacheStep:
             logger.exception("response cache lookup failed")
             return None
 
+    def _get_now(self, key: bytes) -> StoredResponse | None:
+        """`get` for a lookup that cannot wait on I/O, called without a coroutine."""
+        if self.cache is None:
+            return None
+        try:
+            return self.cache.get(key)
+        except Exception:  # the cache must never fail a request: a broken store is a miss
+            logger.exception("response cache lookup failed")
+            return None
+
     async def put(self, key: bytes, response: StoredResponse) -> bool:
         """Store `response` (weighed by its completion tokens); False when the store failed."""
         cache = self.cache
@@ -224,15 +271,14 @@ class ResponseCacheStep:
             return False
         return True
 
-    def _plan(
+    def _lookup(
         self, request: EngineRequest, request_headers: Headers, call: CachedCall | None
-    ) -> _Plan | None:
-        """The key to use and whether to look it up; None to bypass the cache."""
+    ) -> bool | None:
+        """Whether to look `request` up (False: `no-cache`, store only); None to bypass the cache."""
         if self.cache is None or (call is not None and not call.enable_caching):
             return None
-        label = call.label if call is not None else None
         params = request.params
-        if label is None and not is_deterministic(params.temperature, params.seed):
+        if (call is None or call.label is None) and not is_deterministic(params.temperature, params.seed):
             return None
         lookup = True
         for name, value in request_headers:
@@ -242,14 +288,41 @@ class ResponseCacheStep:
                     return None
                 if b"no-cache" in directives:
                     lookup = False
-        key = self.key_for(request, label)
-        return None if key is None else _Plan(key=key, lookup=lookup)
+        return lookup
 
-    @staticmethod
-    async def _forward(forward: Forward, send: Send, call: CachedCall | None, outcome: Outcome) -> None:
-        if call is not None:
-            call.outcome, call.forward_started = outcome, time.perf_counter()
-        await forward(send)
+    def _plan(self, request: EngineRequest, call: CachedCall | None, lookup: bool) -> _Plan | None:
+        """The key to use and whether to look it up; None to bypass the cache."""
+        if self.cache is None:
+            return None
+        params = request.params
+        label = call.label if call is not None else None
+        try:
+            key = self.cache.key(
+                request.raw_body,
+                model=request.params.model,
+                operation=request.operation,
+                streamed=params.stream,
+                tenant_salt=request.cache_salt,
+                label=label,
+            )
+        except ValueError:
+            return None  # the route decoded it already; a body it accepts is always a JSON object
+        return _Plan(key, lookup)
+
+
+def _stored(answer: _Recorder | Completion) -> StoredResponse | None:
+    """What to store of a recorded stream or a whole JSON answer; None when it is not complete."""
+    if isinstance(answer, _Recorder):
+        return answer.response()
+    counted, finished, usage = answer.choices, answer.finish_reasons, answer.usage
+    if counted is None:  # the adapter did not count its choices: read them from the body
+        tokens = complete_answer([answer.body])
+        return None if tokens is None else StoredResponse.json_body(answer.body, *tokens)
+    if counted == 0 or len(finished) != counted:
+        return None
+    if usage is None:
+        return StoredResponse.json_body(answer.body)
+    return StoredResponse.json_body(answer.body, usage.prompt_tokens, usage.completion_tokens)
 
 
 async def _replay(send: Send, stored: StoredResponse, headers: Headers) -> None:
@@ -265,7 +338,7 @@ async def _replay(send: Send, stored: StoredResponse, headers: Headers) -> None:
 
 
 class _Recorder:
-    """Passes ASGI messages through and keeps a copy of the answer."""
+    """Passes a stream's ASGI messages through and keeps a copy of them."""
 
     __slots__ = ("_next", "finished", "parts", "status")
 
@@ -285,14 +358,10 @@ class _Recorder:
                 self.finished = True
         await self._next(message)
 
-    def response(self, streamed: bool) -> StoredResponse | None:
-        """The answer to store, or None when it failed, was cut, or is not complete."""
+    def response(self) -> StoredResponse | None:
+        """The stream to store, or None when it failed, was cut, or is not complete."""
         if self.status != 200 or not self.finished:
             return None
-        if not streamed:
-            body = b"".join(self.parts)
-            tokens = complete_answer([body])
-            return None if tokens is None else StoredResponse.json_body(body, *tokens)
         decoder = SSEDecoder()
         events = [event for part in self.parts for event in decoder.feed(part)] + decoder.flush()
         if not events or events[-1].data != DONE:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from litestar.handlers import ASGIRouteHandler, asgi
 
-from adapters.base import EngineRequest
+from adapters.base import Completion, EngineRequest
 from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation
 from proxy.asgi_types import Receive, Scope, Send
 from proxy.disconnect import DisconnectWatch
@@ -81,17 +81,18 @@ async def handle_generation(
 
     watch = DisconnectWatch(receive)
 
-    async def forward(send: Send) -> None:
+    async def forward(send: Send) -> Completion | None:
         if params.stream:
             stream = await gateway.forwarder.open_stream(request)
             await relay(send, stream, headers, watch.disarm)
-        else:
-            completion = await gateway.forwarder.complete(request)
-            watch.disarm()
-            headers.append((b"content-type", JSON.encode()))
-            headers.append((b"content-length", str(len(completion.body)).encode()))
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": completion.body})
+            return None
+        completion = await gateway.forwarder.complete(request)
+        watch.disarm()
+        headers.append((b"content-type", JSON.encode()))
+        headers.append((b"content-length", str(len(completion.body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": completion.body})
+        return completion
 
     gateway.active_requests += 1
     watch.arm()

@@ -140,6 +140,8 @@ def test_overrides_apply_key_by_key_over_the_default_preset() -> None:
         ),
         ('[cache]\npreset = "fast"', "invalid setting cache.preset"),
         ('[cache]\nwrite_policy = "sometimes"', "invalid setting cache.write_policy"),
+        ('[cache]\nadmission = "sometimes"', "invalid setting cache.admission"),
+        ("[cache]\nadmission_min_hit_rate = 2", "invalid setting cache.admission_min_hit_rate"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, toml: str, line: str) -> None:

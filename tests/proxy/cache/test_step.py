@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters.base import EngineRequest
+from adapters.base import Completion, EngineRequest
 from adapters.schema import ChatCompletionRequest
+from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache
 from cachelayer.tiers import StoreConfig, TieredStore
 from proxy.asgi_types import Message, Send
@@ -39,7 +40,7 @@ class Upstream:
     def __init__(self, events: list[bytes], *, status: int = 200, stream: bool = True) -> None:
         self.events, self.status, self.stream, self.calls = events, status, stream, 0
 
-    async def __call__(self, send: Send) -> None:
+    async def __call__(self, send: Send) -> Completion | None:
         self.calls += 1
         content = b"text/event-stream" if self.stream else b"application/json"
         await send(
@@ -48,6 +49,10 @@ class Upstream:
         for number, event in enumerate(self.events):
             last = number == len(self.events) - 1
             await send({"type": "http.response.body", "body": event, "more_body": not last})
+        if self.stream or self.status != 200:
+            return None
+        # As the gateway's handler does: the whole JSON answer, its choices left for the step to count.
+        return Completion(body=b"".join(self.events))
 
 
 def sse(*payloads: Any) -> list[bytes]:
@@ -149,3 +154,54 @@ def test_complete_answer_rejects_an_in_band_error_in_a_body_or_a_stream() -> Non
     # An explicit null error is no error.
     assert complete_answer([b'{"error": null, "choices": [{"finish_reason": "stop"}]}']) == (0, 0)
     assert complete_answer([b'{"choices": [{"index": 0}]}', finished]) == (0, 0)
+
+
+def json_upstream() -> Upstream:
+    body = json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop"}]}).encode()
+    return Upstream([body], stream=False)
+
+
+async def test_second_sighting_admission_stores_a_repeated_request_on_its_second_miss() -> None:
+    store = ResponseCache(TieredStore.from_config(StoreConfig()))
+    step = ResponseCacheStep(store, admission=AdmissionGate("second_sighting"))
+    upstream = json_upstream()
+    outcomes = [(await serve(step, request(False), upstream))[0] for _ in range(3)]
+    assert outcomes == ["miss", "miss", "hit"] and upstream.calls == 2
+    assert (step.monitor.total.not_admitted, step.monitor.total.stores) == (1, 1)
+
+
+async def test_adaptive_admission_stops_storing_when_nothing_repeats() -> None:
+    store = ResponseCache(TieredStore.from_config(StoreConfig()))
+    step = ResponseCacheStep(store, admission=AdmissionGate("adaptive", window_lookups=8))
+    upstream = json_upstream()
+    for number in range(8):  # one window of unique requests, all stored, none hit: the gate turns selective
+        assert (await serve(step, request(False, max_tokens=number + 1), upstream))[0] == "miss"
+    assert step.admission.selective and step.monitor.total.stores == 8
+    outcomes = [(await serve(step, request(False, max_tokens=100), upstream))[0] for _ in range(3)]
+    assert outcomes == ["miss", "miss", "hit"]  # a new body: remembered, then looked up and stored
+    assert (step.monitor.total.stores, step.monitor.total.not_admitted) == (9, 1)
+    # An answer stored before the gate turned selective: its first sighting since is not looked up.
+    assert [(await serve(step, request(False, max_tokens=1), upstream))[0] for _ in range(2)] == [
+        "miss",
+        "hit",
+    ]
+    assert upstream.calls == 8 + 2 + 1
+
+
+async def test_a_counted_completion_is_stored_only_when_every_choice_finished(
+    step: ResponseCacheStep,
+) -> None:
+    body = b'{"id":"x","choices":[]}'
+
+    async def two_choices(send: Send) -> Completion:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+        return Completion(body=body, finish_reasons=["stop"], choices=2)
+
+    await step.respond(request(False), [], [], lambda m: _ignore(m), two_choices)
+    await step.drain()
+    assert (step.monitor.total.stores, step.monitor.total.not_stored) == (0, 1)
+
+
+async def _ignore(message: Message) -> None:
+    del message
