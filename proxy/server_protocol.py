@@ -14,6 +14,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.disconnect import DISCONNECT_EXTENSION, ConnectionLossHook
+
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
 
@@ -62,8 +64,27 @@ class HeadWithBodyTransport:
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
-    """`HttpToolsProtocol` over a `HeadWithBodyTransport` (pass the class as uvicorn's `http`)."""
+    """`HttpToolsProtocol` over a `HeadWithBodyTransport` (pass the class as uvicorn's `http`).
+
+    Each request's scope also carries a `ConnectionLossHook` (`extensions`), fired when the
+    connection closes before that request's response is complete: `DisconnectWatch` then needs no
+    task of its own per request.
+    """
+
+    _loss_hook: ConnectionLossHook | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         wrapped = HeadWithBodyTransport(transport, self.loop)
         super().connection_made(wrapped)  # type: ignore[arg-type]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        hook = self._loss_hook = ConnectionLossHook()
+        self.scope["extensions"] = {DISCONNECT_EXTENSION: {"hook": hook}}  # ASGI: an extension is a dict
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle, hook = self.cycle, self._loss_hook
+        live = cycle is not None and not cycle.response_complete
+        super().connection_lost(exc)
+        if live and hook is not None:
+            hook.lost()

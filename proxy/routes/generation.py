@@ -79,7 +79,7 @@ async def handle_generation(
     request = EngineRequest(operation, params, body, request_id, tenant.id, tenant.cache_salt)
     headers = [(REQUEST_ID_HEADER, request_id.encode())]
 
-    watch = DisconnectWatch(receive)
+    watch = DisconnectWatch(receive, scope)
 
     async def forward(send: Send) -> Completion | None:
         if params.stream:

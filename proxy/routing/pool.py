@@ -26,7 +26,7 @@ from adapters.schema import Usage
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, PoolSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
 from proxy.routing.observe import RoutingObserver
-from proxy.routing.policies import RoutingContext
+from proxy.routing.policies import Decision, RoutingContext
 from proxy.routing.prompts import PromptTokens
 from proxy.routing.registry import build_policy, worker_id_of
 from proxy.routing.worker import InFlight, Worker
@@ -164,10 +164,13 @@ class WorkerPool:
         for worker in candidates:
             worker.expire_prefills(now)
         expected = self.prompts.expected_output(request)
-        context = RoutingContext(
-            tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
-        )
-        decision = self.policy.choose(candidates, context)
+        if len(serving) == 1:  # one worker serves the model: nothing to weigh
+            decision = Decision(worker=candidates[0], reason="only")
+        else:
+            context = RoutingContext(
+                tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
+            )
+            decision = self.policy.choose(candidates, context)
         worker = decision.worker
         if tokens:
             uncached = len(tokens) - decision.match_tokens
