@@ -27,7 +27,8 @@ from pathlib import Path
 
 import uvloop
 
-from benchmarks.cache.bench_response_cache import MODEL, Run, _closed_loop, _free_port, load, unique
+from benchmarks.cache.bench_response_cache import Run, _closed_loop, _free_port, load, unique
+from benchmarks.cache.step_cost import MODEL
 from benchmarks.overhead.run import PYTHON, ROOT, start, wait_ready
 
 
