@@ -180,6 +180,7 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     import uvicorn
 
+    from proxy.fast_routes import with_fast_routes
     from proxy.server_protocol import GatewayHttpProtocol
 
     level = settings.server.log_level
@@ -187,7 +188,7 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     app.on_startup.append(_settle_heap)
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            with_fast_routes(app),  # the generation routes in front of Litestar (proxy/fast_routes.py)
             host=settings.server.host,
             port=settings.server.port,
             log_level=level,

@@ -9,6 +9,7 @@ import time
 import uvicorn
 from litestar import Litestar
 
+from proxy.fast_routes import with_fast_routes
 from proxy.server_protocol import GatewayHttpProtocol
 
 
@@ -22,7 +23,7 @@ class GatewayServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
-            app,
+            with_fast_routes(app),  # as `radixgate serve` runs it
             lifespan="on",
             log_level="warning",
             access_log=False,

@@ -1,0 +1,103 @@
+"""The two generation routes served in front of Litestar, for `radixgate serve`.
+
+`POST /v1/chat/completions` and `POST /v1/completions` are plain ASGI handlers already
+(`proxy.routes.generation`); Litestar only routes to them and turns their exceptions into
+responses. `FastRoutes` does both itself for these two paths: one dict lookup, the same telemetry
+middleware (SERVER span, Prometheus series; the route template is the path), and the same
+OpenAI-shaped errors (`proxy.errors`). Anything else (other paths, other methods on these paths,
+lifespan) goes to the Litestar app unchanged. On the request path of a forwarded answer, Litestar's
+router and exception middleware were ~9% of the gateway's CPU (`benchmarks/RESULTS.md`, "## overhead").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Litestar
+
+from adapters.errors import EngineError
+from proxy.asgi_types import Message, Receive, Scope, Send
+from proxy.errors import JSON, ApiError, ErrorDetail, encode_error, engine_error_detail
+from proxy.gateway import Gateway
+from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH, handle_generation
+
+logger = logging.getLogger("radixgate.errors")
+
+_INTERNAL = ErrorDetail(message="The gateway hit an internal error.", type="server_error")
+
+
+def with_fast_routes(app: Any) -> Any:
+    """`FastRoutes(app)` for a gateway's Litestar app (`proxy.app.create_app`); any other ASGI app as is."""
+    state = getattr(app, "state", None)
+    return FastRoutes(app) if isinstance(app, Litestar) and state is not None and "gateway" in state else app
+
+
+class FastRoutes:
+    """An ASGI app: the generation routes directly, everything else through `app`."""
+
+    __slots__ = ("_app", "_routes")
+
+    def __init__(self, app: Litestar) -> None:
+        gateway: Gateway = app.state.gateway
+        self._app = app
+        middleware = gateway.telemetry.middleware
+        self._routes: dict[str, Any] = {
+            CHAT_PATH: middleware(app=_Generation(gateway, "chat")),
+            COMPLETIONS_PATH: middleware(app=_Generation(gateway, "text_completion")),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self._routes.get(scope["path"])
+            if route is not None:
+                scope["path_template"] = scope["path"]  # what Litestar sets for the telemetry's route label
+                await route(scope, receive, send)
+                return
+        await self._app(scope, receive, send)  # type: ignore[arg-type]
+
+
+class _Generation:
+    """One generation route with the error handling Litestar's exception handlers give the others."""
+
+    __slots__ = ("_gateway", "_operation")
+
+    def __init__(self, gateway: Gateway, operation: Any) -> None:
+        self._gateway = gateway
+        self._operation = operation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await handle_generation(self._gateway, self._operation, scope, receive, tracked)
+        except ApiError as exc:
+            await _answer(started, send, exc.status, exc.detail, exc.headers)
+        except EngineError as exc:
+            await _answer(started, send, exc.status, engine_error_detail(exc), None)
+        except Exception as exc:
+            if started:
+                raise
+            logger.error("unhandled error", exc_info=exc)
+            await _answer(started, send, 500, _INTERNAL, None)
+
+
+async def _answer(
+    started: bool, send: Send, status: int, detail: ErrorDetail, headers: dict[str, str] | None
+) -> None:
+    """The error as an OpenAI-shaped JSON response; after the response has started, nothing can be
+    said any more (the handlers end streams with an error event themselves)."""
+    if started:
+        logger.warning("error after the response started: %s", detail.message)
+        return
+    body = encode_error(detail)
+    head = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+    head += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
