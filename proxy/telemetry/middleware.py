@@ -30,20 +30,25 @@ UNMATCHED_ROUTE = "unmatched"
 class ServerSpanMiddleware:
     """Wraps an ASGI app; every HTTP request gets a SERVER span that is current while it runs."""
 
-    __slots__ = ("app", "metrics", "tracer")
+    __slots__ = ("app", "metrics", "tracer", "tracing")
 
     def __init__(self, app: ASGIApp, *, tracer: trace.Tracer, metrics: GatewayMetrics) -> None:
         self.app = app
         self.tracer = tracer
         self.metrics = metrics
+        self.tracing = not isinstance(tracer, trace.NoOpTracer)
+        """False when spans are off: a request without a caller's trace then gets no span at all."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        parent = _remote_parent(scope["headers"])
+        if not self.tracing and parent is None:  # nothing to record or to propagate: metrics only
+            await self._counted(scope, receive, send)
+            return
         started = time.perf_counter()
         method: str = scope["method"]
-        parent = _remote_parent(scope["headers"])
         span = self.tracer.start_span(
             method,
             context=parent,
@@ -80,6 +85,28 @@ class ServerSpanMiddleware:
             self._finish(span, method, route, status, error_type)
             self.metrics.count_request(
                 method, route or UNMATCHED_ROUTE, status or 500, time.perf_counter() - started
+            )
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request with its Prometheus series and no span (tracing off, no caller's trace)."""
+        started = time.perf_counter()
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        metrics = self.metrics
+        metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            metrics.in_flight.dec()
+            route: str | None = scope.get("path_template")
+            metrics.count_request(
+                scope["method"], route or UNMATCHED_ROUTE, status or 500, time.perf_counter() - started
             )
 
     @staticmethod

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -47,6 +47,64 @@ CONTENT_TYPE = "text/plain; version=0.0.4"
 _M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
+class LoopValue:
+    """prometheus_client's per-series value without its lock.
+
+    Every series made through `MetricsRegistry` is updated only on the event loop's thread (the
+    request path, the routing observer, the cache step), so the mutex each update took (~0.3 us of a
+    0.67 us increment on this machine; ~10 updates per request) guarded nothing. A scrape from
+    another thread reads a float, which never tears.
+    """
+
+    __slots__ = ("_exemplar", "_value")
+    _multiprocess = False
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._exemplar: object = None
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def set_exemplar(self, exemplar: object) -> None:
+        self._exemplar = exemplar
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> object:
+        return self._exemplar
+
+
+_LOCKED = values.ValueClass is values.MutexValue
+"""False in prometheus_client's multiprocess mode: its values then live in shared files and stay."""
+
+
+class _LoopCounter(Counter):
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        if _LOCKED:
+            self._value = LoopValue()
+
+
+class _LoopGauge(Gauge):
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        if _LOCKED:
+            self._value = LoopValue()
+
+
+class _LoopHistogram(Histogram):
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        if _LOCKED:
+            self._sum = LoopValue()
+            self._buckets = [LoopValue() for _ in self._buckets]
+
+
 class MetricsRegistry:
     """A private Prometheus registry. Asking twice for the same name returns the same metric."""
 
@@ -58,7 +116,7 @@ class MetricsRegistry:
         """A counter named `radixgate_<name>` (give `name` without the prefix)."""
         metric = self._get(name, Counter)
         if metric is None:
-            metric = Counter(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
+            metric = _LoopCounter(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
             self._metrics[name] = metric
         return metric
 
@@ -66,7 +124,7 @@ class MetricsRegistry:
         """A gauge named `radixgate_<name>`."""
         metric = self._get(name, Gauge)
         if metric is None:
-            metric = Gauge(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
+            metric = _LoopGauge(METRIC_PREFIX + name, documentation, labelnames, registry=self.registry)
             self._metrics[name] = metric
         return metric
 
@@ -80,7 +138,7 @@ class MetricsRegistry:
         """A histogram named `radixgate_<name>`."""
         metric = self._get(name, Histogram)
         if metric is None:
-            metric = Histogram(
+            metric = _LoopHistogram(
                 METRIC_PREFIX + name, documentation, labelnames, registry=self.registry, buckets=buckets
             )
             self._metrics[name] = metric
@@ -99,7 +157,8 @@ class MetricsRegistry:
         if metric is None:
             return None
         if not isinstance(metric, kind):
-            raise ValueError(f"metric {name!r} is already registered as a {type(metric).__name__}")
+            kind_name = next(k.__name__ for k in (Counter, Gauge, Histogram) if isinstance(metric, k))
+            raise ValueError(f"metric {name!r} is already registered as a {kind_name}")
         return metric
 
 
