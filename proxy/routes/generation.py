@@ -9,6 +9,7 @@ as `ApiError`/`EngineError` and turned into OpenAI-shaped responses by `proxy.er
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from typing import Any
 
@@ -157,4 +158,10 @@ def _request_id(client_value: bytes | None) -> str:
         text = client_value.decode()
         if text.isprintable():
             return text
-    return os.urandom(16).hex()
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+
+
+_ID_PREFIX = os.urandom(8).hex()
+"""Random per process, so ids stay unique across restarts and replicas; a counter makes the rest
+(one `getrandom` syscall per request was measurable at ~2,000 requests/s on one core)."""
+_id_counter = itertools.count(1)
