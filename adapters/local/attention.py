@@ -141,6 +141,57 @@ def decode_attention(
     return _merge(count, parts).view(count, heads * dim)
 
 
+@dataclass(slots=True)
+class RunWindows:
+    """One page run, in every layer, cut into `count` equal windows along the tokens: views of the
+    pool shaped `[layers, count, kv_heads, window, d]`. A window starts `stride` tokens after the
+    previous one; when `count` does not divide the run, consecutive windows overlap by a few
+    tokens, which `mask` hides from all but one window."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor | None
+    """`[count, 1, 1, window]` additive: -inf on the tokens an earlier window already covers."""
+
+
+def run_windows(k: torch.Tensor, v: torch.Tensor, run: PageRun, count: int) -> RunWindows:
+    """Window views of `run` in every layer of the pool (`k`, `v`: `[layers, pages, page_size,
+    kv_heads, d]`); `count` must not exceed the run's tokens."""
+    layers, _, page_size, kv_heads, dim = k.shape
+    stride = run.tokens // count
+    window = run.tokens - (count - 1) * stride
+    token = kv_heads * dim  # elements per token slot
+    size = (layers, count, kv_heads, window, dim)
+    strides = (k.stride(0), stride * token, dim, token, 1)
+    offset = k.storage_offset() + run.first_page * page_size * token
+    mask = None
+    if window > stride:
+        mask = torch.zeros(count, 1, 1, window, dtype=k.dtype)
+        mask[1:, ..., : window - stride] = float("-inf")
+    return RunWindows(
+        keys=k.as_strided(size, strides, offset), values=v.as_strided(size, strides, offset), mask=mask
+    )
+
+
+def windowed_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """`[r, heads * d]`: rows `q` (`[r, heads, d]`) over one run, all of it visible, given one
+    layer's `RunWindows` views (`[count, kv_heads, window, d]`). One flash call attends every
+    window; the windows' results are merged by their log-sum-exps (a softmax over windows).
+
+    Why windows: the flash kernel hands each (batch, head) to one thread, and a few decode rows
+    over one run with grouped queries folded are only `kv_heads` (3) units of work; on two
+    threads one would do two of them. `count` windows make `count * kv_heads` shorter units."""
+    r, heads, dim = q.shape
+    count, kv_heads = keys.shape[0], keys.shape[1]
+    groups = heads // kv_heads
+    folded = q.reshape(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
+    o, lse = _flash_with_lse(folded.expand(count, -1, -1, -1), keys, values, causal=False, mask=mask)
+    merged = torch.mul(o, torch.softmax(lse, dim=0).unsqueeze(-1).to(o.dtype)).sum(0)
+    return merged.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads * dim)
+
+
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -191,8 +242,10 @@ def _scattered_attention(
     r, heads, dim = q.shape
     kv_heads = k_pages.shape[2]
     groups = heads // kv_heads
-    keys = k_pages[scattered.pages].view(-1, kv_heads, dim)[: scattered.tokens].transpose(0, 1).unsqueeze(0)
-    values = v_pages[scattered.pages].view(-1, kv_heads, dim)[: scattered.tokens].transpose(0, 1).unsqueeze(0)
+    # index_select, not advanced indexing: a plain row copy, measured 2x faster for a few pages.
+    keys = k_pages.index_select(0, scattered.pages).view(-1, kv_heads, dim)[: scattered.tokens]
+    values = v_pages.index_select(0, scattered.pages).view(-1, kv_heads, dim)[: scattered.tokens]
+    keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)
@@ -205,8 +258,9 @@ def _gathered_attention(
     """Rows `q` (`[r, heads, d]`) over their own padded contexts: (`[r, heads, d]`, `[r, heads]`)."""
     r, heads, dim = q.shape
     kv_heads = k_pages.shape[2]
-    keys = k_pages[gathered.pages].view(r, -1, kv_heads, dim).transpose(1, 2)
-    values = v_pages[gathered.pages].view(r, -1, kv_heads, dim).transpose(1, 2)
+    pages = gathered.pages.view(-1)
+    keys = k_pages.index_select(0, pages).view(r, -1, kv_heads, dim).transpose(1, 2)
+    values = v_pages.index_select(0, pages).view(r, -1, kv_heads, dim).transpose(1, 2)
     folded = q.view(r, kv_heads, heads // kv_heads, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False, mask=gathered.mask)
     return o.reshape(r, heads, dim), lse.reshape(r, heads)
@@ -222,8 +276,9 @@ def _merge(count: int, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     peak = peak.scatter_reduce(0, rows[:, None].expand(-1, heads), lses, reduce="amax")
     weights = (lses - peak.index_select(0, rows)).exp()
     total = torch.zeros(count, heads, dtype=lses.dtype).index_add_(0, rows, weights)
-    merged = torch.zeros(count, heads, outs.shape[2], dtype=outs.dtype).index_add_(
-        0, rows, outs * weights[..., None]
+    # Accumulated in the log-sum-exps' fp32 (a bf16 pool's outputs are upcast), cast back at the end.
+    merged = torch.zeros(count, heads, outs.shape[2], dtype=lses.dtype).index_add_(
+        0, rows, outs.to(lses.dtype) * weights[..., None]
     )
     return (merged / total[..., None]).to(outs.dtype)
 
