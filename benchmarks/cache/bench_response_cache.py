@@ -158,9 +158,14 @@ def load(pid: int, port: int, payloads: Payloads, concurrency: int, duration: fl
 
 @contextmanager
 def gateway(
-    stub_port: int, config: str, cache_dir: Path | None = None, cpu: str = GATEWAY_CPU
+    stub_port: int,
+    config: str,
+    cache_dir: Path | None = None,
+    cpu: str = GATEWAY_CPU,
+    tree: Path | None = None,
 ) -> Iterator[tuple[int, int]]:
-    """`radixgate serve` pinned to `cpu` with `config` as its radixgate.toml; yields (pid, port)."""
+    """`radixgate serve` pinned to `cpu` with `config` as its radixgate.toml, importing the code in
+    `tree` (another checkout, first on `PYTHONPATH`; None: this one); yields (pid, port)."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as scratch:
         toml = Path(scratch) / "radixgate.toml"
@@ -170,7 +175,7 @@ def gateway(
         command += ["--port", str(port), "--log-level", "warning"]
         if cache_dir is not None:
             command += ["--cache-dir", str(cache_dir)]
-        process = start(cpu, command)
+        process = start(cpu, command, {"PYTHONPATH": str(tree.resolve())} if tree is not None else None)
         try:
             wait_ready(f"http://127.0.0.1:{port}/health/ready")
             yield process.pid, port

@@ -19,37 +19,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import uvloop
 
-from benchmarks.cache.bench_response_cache import Run, _closed_loop, _free_port, load, unique
-from benchmarks.cache.step_cost import MODEL
-from benchmarks.overhead.run import PYTHON, ROOT, start, wait_ready
-
-
-@contextmanager
-def gateway(stub_port: int, config: str, cpu: str, tree: Path | None) -> Iterator[tuple[int, int]]:
-    """`radixgate serve` pinned to `cpu`, importing the code in `tree` (None: this checkout)."""
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as scratch:
-        toml = Path(scratch) / "radixgate.toml"
-        toml.write_text(config)
-        command = [str(ROOT / ".venv/bin/radixgate"), "serve", "--config", str(toml)]
-        command += ["--upstream", f"http://127.0.0.1:{stub_port}", "--model", MODEL]
-        command += ["--port", str(port), "--log-level", "warning"]
-        env = {"PYTHONPATH": str(tree.resolve())} if tree is not None else None
-        process = start(cpu, command, env)
-        try:
-            wait_ready(f"http://127.0.0.1:{port}/health/ready")
-            yield process.pid, port
-        finally:
-            process.terminate()
-            process.wait(30)
+from benchmarks.cache.bench_response_cache import Run, _closed_loop, _free_port, gateway, load, unique
+from benchmarks.overhead.run import PYTHON, start
 
 
 async def both(a: tuple[int, int], b: tuple[int, int], tag: str, args: argparse.Namespace) -> list[Run]:
@@ -79,8 +56,8 @@ def main() -> None:
     try:
         time.sleep(1.0)
         with ExitStack() as stack:
-            a = stack.enter_context(gateway(stub_port, args.config, args.gateway_cpu, args.a_tree))
-            b = stack.enter_context(gateway(stub_port, args.config, args.gateway_cpu, None))
+            a = stack.enter_context(gateway(stub_port, args.config, cpu=args.gateway_cpu, tree=args.a_tree))
+            b = stack.enter_context(gateway(stub_port, args.config, cpu=args.gateway_cpu))
             for pid, port in (a, b):
                 load(pid, port, unique(port, "fill"), args.concurrency, args.fill, 0.0)
             print("| round | A req/s | B req/s | A CPU us/req | B CPU us/req | B/A req/s | B/A CPU us/req |")

@@ -294,20 +294,8 @@ class ResponseCacheStep:
         """The key to use and whether to look it up; None to bypass the cache."""
         if self.cache is None:
             return None
-        params = request.params
-        label = call.label if call is not None else None
-        try:
-            key = self.cache.key(
-                request.raw_body,
-                model=request.params.model,
-                operation=request.operation,
-                streamed=params.stream,
-                tenant_salt=request.cache_salt,
-                label=label,
-            )
-        except ValueError:
-            return None  # the route decoded it already; a body it accepts is always a JSON object
-        return _Plan(key, lookup)
+        key = self.key_for(request, call.label if call is not None else None)
+        return None if key is None else _Plan(key, lookup)
 
 
 def _stored(answer: _Recorder | Completion) -> StoredResponse | None:

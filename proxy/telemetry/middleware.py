@@ -61,18 +61,11 @@ class ServerSpanMiddleware:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        status = 0
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        response = _StatusSend(send)
         self.metrics.in_flight.inc()
         error_type: str | None = None
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, response.send)
         except BaseException as exc:
             error_type = type(exc).__qualname__
             if span.is_recording():
@@ -82,32 +75,24 @@ class ServerSpanMiddleware:
             otel_context.detach(token)
             self.metrics.in_flight.dec()
             route: str | None = scope.get("path_template")
-            self._finish(span, method, route, status, error_type)
+            self._finish(span, method, route, response.status, error_type)
             self.metrics.count_request(
-                method, route or UNMATCHED_ROUTE, status or 500, time.perf_counter() - started
+                method, route or UNMATCHED_ROUTE, response.status or 500, time.perf_counter() - started
             )
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request with its Prometheus series and no span (tracing off, no caller's trace)."""
         started = time.perf_counter()
-        status = 0
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        response = _StatusSend(send)
         metrics = self.metrics
         metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, response.send)
         finally:
             metrics.in_flight.dec()
             route: str | None = scope.get("path_template")
-            metrics.count_request(
-                scope["method"], route or UNMATCHED_ROUTE, status or 500, time.perf_counter() - started
-            )
+            seconds = time.perf_counter() - started
+            metrics.count_request(scope["method"], route or UNMATCHED_ROUTE, response.status or 500, seconds)
 
     @staticmethod
     def _finish(
@@ -127,6 +112,21 @@ class ServerSpanMiddleware:
             span.set_attribute(semconv.ERROR_TYPE, error_type)
             span.set_status(trace.StatusCode.ERROR)
         span.end()
+
+
+class _StatusSend:
+    """Passes ASGI messages on and keeps the response's status (0 until one is sent)."""
+
+    __slots__ = ("_send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 0
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
 
 
 def _remote_parent(headers: list[tuple[bytes, bytes]]) -> otel_context.Context | None:
