@@ -11,10 +11,12 @@ answers as JSON or SSE) and decides, per request:
              event, not cut by a disconnect) is stored once the handler has returned (a callback on
              the next loop turn, or a task when the store may block on I/O).
              `Cache-Control: no-cache` skips the lookup but still stores, so it
-             refreshes the entry.
+             refreshes the entry. While the admission gate is selective (`cachelayer.admission`:
+             no hits lately), a body it has not seen is a miss with no key, lookup or store.
 
-Every answer carries `x-radixgate-cache: hit|miss|bypass`. Recording happens at the ASGI `send`
-level, so what is stored is exactly what the client received.
+Every answer carries `x-radixgate-cache: hit|miss|bypass`. A stream is recorded at the ASGI `send`
+level and a JSON answer is the `Completion` that `forward` sent, so what is stored is exactly what
+the client received.
 """
 
 from __future__ import annotations
