@@ -29,16 +29,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-import msgspec
-
 from adapters.base import Completion, EngineRequest
-from adapters.sse import DONE, SSEDecoder
 from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
-from proxy.asgi_types import Message, Send
+from proxy.asgi_types import Send
+from proxy.cache.answers import Headers, Recorder, replay, stored_response
 from proxy.cache.counters import CacheCounters, CacheMonitor
-from proxy.errors import JSON
-from proxy.streaming import DONE_EVENT, SSE_HEADERS, sse_event
 
 logger = logging.getLogger("radixgate.cache")
 
@@ -46,7 +42,6 @@ Outcome = Literal["hit", "miss", "bypass"]
 Forward = Callable[[Send], Awaitable[Completion | None]]
 """Sends the engine's answer through `send`; returns the `Completion` it sent when that was a whole
 JSON answer with status 200 (None for a stream or anything else: the step then records the messages)."""
-Headers = list[tuple[bytes, bytes]]
 
 CACHE_HEADER = b"x-radixgate-cache"
 _CACHE_CONTROL = b"cache-control"
@@ -152,16 +147,16 @@ class ResponseCacheStep:
             self.monitor.count(counters, "hits")
             if call is not None:
                 call.outcome = "hit"
-            await _replay(send, stored, headers)
+            await replay(send, stored, headers)
             return
         headers.append((CACHE_HEADER, b"miss"))
         self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
         if call is not None:
             call.outcome, call.forward_started = "miss", time.perf_counter()
         # A stream is recorded message by message; a JSON answer comes back whole from `forward`.
-        recorder = _Recorder(send) if request.stream else None
+        recorder = Recorder(send) if request.stream else None
         completion = await forward(send if recorder is None else recorder.send)
-        answer: _Recorder | Completion | None = recorder or completion
+        answer: Recorder | Completion | None = recorder or completion
         if answer is None:  # a JSON answer that was not whole (an error status): nothing to store
             return
         # Stored after the handler returns, so the answer's end (and its server span) is not delayed.
@@ -184,7 +179,7 @@ class ResponseCacheStep:
             else:
                 await asyncio.sleep(0)  # queued callbacks run on this turn of the loop
 
-    def _store_now(self, key: bytes, answer: _Recorder | Completion, counters: CacheCounters) -> None:
+    def _store_now(self, key: bytes, answer: Recorder | Completion, counters: CacheCounters) -> None:
         """Store an answer into a store whose `put` never waits on I/O."""
         self._queued -= 1
         cache = self.cache
@@ -192,7 +187,7 @@ class ResponseCacheStep:
             return
         monitor = self.monitor
         started = time.perf_counter() if monitor.profile is not None else 0.0  # timed only when profiled
-        response = _stored(answer)
+        response = stored_response(answer)
         if response is None:
             monitor.count(counters, "not_stored")
             return
@@ -205,11 +200,9 @@ class ResponseCacheStep:
         if monitor.profile is not None:
             monitor.store_done(time.perf_counter() - started)
 
-    async def _store_answer(
-        self, key: bytes, answer: _Recorder | Completion, counters: CacheCounters
-    ) -> None:
+    async def _store_answer(self, key: bytes, answer: Recorder | Completion, counters: CacheCounters) -> None:
         started = time.perf_counter()
-        response = _stored(answer)
+        response = stored_response(answer)
         if response is None:
             self.monitor.count(counters, "not_stored")
         elif await self.put(key, response):
@@ -298,133 +291,3 @@ class ResponseCacheStep:
             return None
         key = self.key_for(request, call.label if call is not None else None)
         return None if key is None else _Plan(key, lookup)
-
-
-def _stored(answer: _Recorder | Completion) -> StoredResponse | None:
-    """What to store of a recorded stream or a whole JSON answer; None when it is not complete."""
-    if isinstance(answer, _Recorder):
-        return answer.response()
-    counted, finished, usage = answer.choices, answer.finish_reasons, answer.usage
-    if counted is None:  # the adapter did not count its choices: read them from the body
-        tokens = complete_answer([answer.body])
-        return None if tokens is None else StoredResponse.json_body(answer.body, *tokens)
-    if counted == 0 or len(finished) != counted:
-        return None
-    if usage is None:
-        return StoredResponse.json_body(answer.body)
-    return StoredResponse.json_body(answer.body, usage.prompt_tokens, usage.completion_tokens)
-
-
-async def _replay(send: Send, stored: StoredResponse, headers: Headers) -> None:
-    """Send a stored answer: one JSON body, or every chunk as an SSE event then `[DONE]`."""
-    if stored.streamed:
-        body = b"".join([*(sse_event(chunk) for chunk in stored.chunks), DONE_EVENT])
-        start = [*SSE_HEADERS, *headers]
-    else:
-        body = stored.body
-        start = [*headers, (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": start})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-class _Recorder:
-    """Passes a stream's ASGI messages through and keeps a copy of them."""
-
-    __slots__ = ("_next", "finished", "parts", "status")
-
-    def __init__(self, send: Send) -> None:
-        self._next = send
-        self.status = 0
-        self.parts: list[bytes] = []
-        self.finished = False
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-        elif kind == "http.response.body":
-            self.parts.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                self.finished = True
-        await self._next(message)
-
-    def response(self) -> StoredResponse | None:
-        """The stream to store, or None when it failed, was cut, or is not complete."""
-        if self.status != 200 or not self.finished:
-            return None
-        decoder = SSEDecoder()
-        events = [event for part in self.parts for event in decoder.feed(part)] + decoder.flush()
-        if not events or events[-1].data != DONE:
-            return None
-        chunks = [event.data for event in events[:-1]]
-        tokens = complete_answer(chunks)
-        return None if tokens is None else StoredResponse.stream(chunks, *tokens)
-
-
-class AnswerTokens(NamedTuple):
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class _ChoiceEnd(msgspec.Struct):
-    index: int = 0
-    finish_reason: str | None = None
-
-
-class _TokenCounts(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _AnswerProbe(msgspec.Struct):
-    """Only what `complete_answer` reads: a third of `probe_response`'s cost on a typical body (no
-    strings kept, the error object left undecoded)."""
-
-    choices: list[_ChoiceEnd] = []
-    usage: _TokenCounts | None = None
-    error: msgspec.Raw = msgspec.Raw(b"")
-
-
-_answer_decoder = msgspec.json.Decoder(_AnswerProbe)
-_NULL = b"null"
-
-
-def complete_answer(payloads: list[bytes]) -> AnswerTokens | None:
-    """Token counts when `payloads` (a body, or a stream's chunks) are a whole, error-free answer:
-    no error object, and every choice that appears has a finish reason. None otherwise."""
-    if len(payloads) == 1:  # a JSON body: every choice must be finished in it
-        try:
-            probe = _answer_decoder.decode(payloads[0])
-        except msgspec.DecodeError:
-            return None
-        if (len(probe.error) and bytes(probe.error) != _NULL) or not probe.choices:
-            return None
-        for choice in probe.choices:
-            if not choice.finish_reason:
-                return None
-        usage = probe.usage
-        return (
-            AnswerTokens(0, 0)
-            if usage is None
-            else AnswerTokens(usage.prompt_tokens, usage.completion_tokens)
-        )
-    seen: set[int] = set()
-    finished: set[int] = set()
-    tokens = AnswerTokens(0, 0)
-    for payload in payloads:
-        try:
-            probe = _answer_decoder.decode(payload)
-        except msgspec.DecodeError:
-            return None
-        error = probe.error
-        if len(error) and bytes(error) != _NULL:
-            return None
-        for choice in probe.choices:
-            seen.add(choice.index)
-            if choice.finish_reason:
-                finished.add(choice.index)
-        if probe.usage is not None:
-            tokens = AnswerTokens(probe.usage.prompt_tokens, probe.usage.completion_tokens)
-    if not seen or seen != finished:
-        return None
-    return tokens

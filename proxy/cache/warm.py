@@ -28,7 +28,7 @@ from adapters.errors import EngineError
 from adapters.schema import Operation
 from cachelayer.responses import StoredResponse, is_deterministic
 from proxy.auth import Tenant
-from proxy.cache.step import complete_answer
+from proxy.cache.answers import complete_answer
 from proxy.errors import ApiError, ErrorDetail, engine_error_detail
 from proxy.gateway import Gateway
 from proxy.routes.generation import decode_request

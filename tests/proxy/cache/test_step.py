@@ -14,7 +14,8 @@ from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache
 from cachelayer.tiers import StoreConfig, TieredStore
 from proxy.asgi_types import Message, Send
-from proxy.cache.step import CACHE_HEADER, ResponseCacheStep, complete_answer
+from proxy.cache.answers import complete_answer
+from proxy.cache.step import CACHE_HEADER, ResponseCacheStep
 
 CHUNKS = [
     {
