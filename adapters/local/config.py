@@ -99,6 +99,9 @@ class LocalEngineConfig:
     cache_dir: Path | None = None
     """Where converted weights live, keyed by the GGUF's sha256. None: `$RADIXGATE_CACHE_DIR`,
     else `~/.cache/radixgate/weights`."""
+    quantized_matmul: bool = True
+    """Keep Q4_1 layer weights packed and multiply them with the compiled kernel (`kernels`),
+    where it builds and the dtype is float32; False, or where it cannot: dense fp32 weights."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None

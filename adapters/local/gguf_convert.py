@@ -11,6 +11,10 @@ Decisions:
 - Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two,
   and every matrix is stored transposed (`[in, out]`, see `_t`). A tied embedding is stored once,
   as the transposed head; the model looks tokens up in its columns.
+- A fused layer matrix whose parts are all Q4_1 stays packed (`<name>.qs/.scale/.offset`, see
+  `linear.Q4Linear`): 0.75 bytes per weight, run by a kernel that reads the packed bytes; so does
+  a Q8_0 head (`lm_head.qs/.scale`, `linear.Q8Linear`). The model unpacks them to the same fp32
+  values `gguf` gives where those kernels cannot run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ SUPPORTED_QUANT_TYPES = frozenset(
     {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 )
 _SUPPORTED_NAMES = ", ".join(sorted(SUPPORTED_QUANT_TYPES))
+_Q4_1_BLOCK, _Q4_1_BLOCK_BYTES, _Q8_0_BLOCK_BYTES = 32, 20, 34
+"""Weights per Q4_1 (and Q8_0) block, and their bytes: Q4_1 an fp16 scale, an fp16 offset and 16
+bytes of 4-bit values; Q8_0 an fp16 scale and 32 int8 values."""
 _LAYER_TENSORS = (
     "attn_norm",
     "attn_q",
@@ -186,24 +193,65 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
         shape = tuple(reversed([int(d) for d in tensor.shape]))
         return torch.from_numpy(values.astype(np.float32, copy=True).reshape(shape))
 
-    embed = load("token_embd.weight")
     out = {"norm": load("output_norm.weight")}
-    if spec.tied_embeddings:
-        out["lm_head_t"] = _t(embed)  # the model looks embeddings up in the head's columns
+    head = raw.get("token_embd.weight" if spec.tied_embeddings else "output.weight")
+    if head is not None and head.tensor_type.name == "Q8_0":
+        out["lm_head.qs"], out["lm_head.scale"] = _q8_0_parts(head)
     else:
-        out["embed"] = embed
-        out["lm_head_t"] = _t(load("output.weight"))
+        # The model looks a tied head's embeddings up in its rows.
+        out["lm_head_t"] = _t(load("token_embd.weight" if spec.tied_embeddings else "output.weight"))
+    if not spec.tied_embeddings:
+        out["embed"] = load("token_embd.weight")
     for i in range(spec.num_layers):
-        t = {name: load(f"blk.{i}.{name}.weight") for name in _LAYER_TENSORS}
-        q = _unpermute_rotary(t["attn_q"], spec.num_heads)
-        k = _unpermute_rotary(t["attn_k"], spec.num_kv_heads)
-        out[f"layers.{i}.attn_norm"] = t["attn_norm"]
-        out[f"layers.{i}.wqkv_t"] = _t(torch.cat([q, k, t["attn_v"]], dim=0))
-        out[f"layers.{i}.wo_t"] = _t(t["attn_output"])
-        out[f"layers.{i}.ffn_norm"] = t["ffn_norm"]
-        out[f"layers.{i}.w_gate_up_t"] = _t(torch.cat([t["ffn_gate"], t["ffn_up"]], dim=0))
-        out[f"layers.{i}.w_down_t"] = _t(t["ffn_down"])
+        parts = {name: raw.get(f"blk.{i}.{name}.weight") for name in _LAYER_TENSORS}
+        fused = {
+            "wqkv": (("attn_q", spec.num_heads), ("attn_k", spec.num_kv_heads), ("attn_v", 0)),
+            "wo": (("attn_output", 0),),
+            "w_gate_up": (("ffn_gate", 0), ("ffn_up", 0)),
+            "w_down": (("ffn_down", 0),),
+        }
+        for norm in ("attn_norm", "ffn_norm"):
+            out[f"layers.{i}.{norm}"] = load(f"blk.{i}.{norm}.weight")
+        for fused_name, members in fused.items():
+            key = f"layers.{i}.{fused_name}"
+            if all(_is_q4_1(parts[name]) for name, _ in members):
+                packed = [_q4_1_parts(parts[name], heads) for name, heads in members]  # type: ignore[arg-type]
+                for index, part in enumerate(("qs", "scale", "offset")):
+                    out[f"{key}.{part}"] = torch.cat([p[index] for p in packed], dim=0)
+                continue
+            dense = []
+            for name, heads in members:
+                weight = load(f"blk.{i}.{name}.weight")
+                dense.append(_unpermute_rotary(weight, heads) if heads else weight)
+            out[f"{key}_t"] = _t(torch.cat(dense, dim=0))
     return out
+
+
+def _is_q4_1(tensor: ReaderTensor | None) -> bool:
+    return tensor is not None and tensor.tensor_type.name == "Q4_1"
+
+
+def _q8_0_parts(tensor: ReaderTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor kept packed (see `linear.Q8Linear`): `qs` `[rows, cols]` int8, `scale`
+    `[rows, cols/32]` fp32."""
+    cols, rows = (int(d) for d in tensor.shape)
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // _Q4_1_BLOCK, _Q8_0_BLOCK_BYTES)
+    scale = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16).astype(np.float32)).view(rows, -1)
+    qs = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).view(rows, -1)
+    return qs, scale
+
+
+def _q4_1_parts(tensor: ReaderTensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_1 tensor kept packed (see `linear.Q4Linear`): `qs` `[rows, cols/2]` bytes, `scale` and
+    `offset` `[rows, cols/32]` fp32; Q/K rows unpermuted like the dense weights (`heads` > 0)."""
+    cols, rows = (int(d) for d in tensor.shape)
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // _Q4_1_BLOCK, _Q4_1_BLOCK_BYTES)
+    scale = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16).astype(np.float32)).view(rows, -1)
+    offset = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16).astype(np.float32)).view(rows, -1)
+    qs = torch.from_numpy(blocks[..., 4:].copy()).view(rows, -1)
+    if heads:
+        qs, scale, offset = (_unpermute_rotary(t, heads) for t in (qs, scale, offset))
+    return qs, scale, offset
 
 
 def _t(weight: torch.Tensor) -> torch.Tensor:

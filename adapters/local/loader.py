@@ -18,6 +18,7 @@ from adapters.local.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
 from adapters.local.checkpoint import load_checkpoint
 from adapters.local.config import DType, LocalEngineConfig, default_model_path
 from adapters.local.gguf_convert import ModelSpec
+from adapters.local.kernels import load_kernel
 from adapters.local.model import LlamaModel
 from adapters.local.tokenizer import TextTokenizer
 
@@ -54,7 +55,11 @@ def load_model(config: LocalEngineConfig) -> LoadedModel:
         bos_token=_token_text(tokenizer, checkpoint.special.bos_id),
         eos_token=_token_text(tokenizer, checkpoint.special.eos_id),
     )
-    model = LlamaModel(checkpoint.spec, checkpoint.tensors, TORCH_DTYPES[config.dtype])
+    dtype = TORCH_DTYPES[config.dtype]
+    kernel = None
+    if config.quantized_matmul and dtype == torch.float32:
+        kernel = load_kernel(config.resolved_cache_dir())
+    model = LlamaModel(checkpoint.spec, checkpoint.tensors, dtype, kernel)
     loaded = LoadedModel(
         spec=checkpoint.spec, model=model, tokenizer=tokenizer, template=template, sha256=checkpoint.sha256
     )

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from adapters.local import LocalEngine
 from adapters.local.engine import Generation
-from adapters.local.loader import LoadedModel
+from adapters.local.linear import DenseLinear
+from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams
 from adapters.schema import ChatMessage
+from tests.adapters.local.conftest import TEST_CONFIG
 
 pytestmark = pytest.mark.slow
 
@@ -89,3 +92,21 @@ def test_n_choices_equal_one_choice_under_greedy(engine: LocalEngine, loaded: Lo
 
     single, choices = asyncio.run(go())
     assert choices == [single] * 3
+
+
+def test_dense_fallback_gives_the_kernels_answer(engine: LocalEngine, loaded: LoadedModel) -> None:
+    """Where the C kernels cannot build, the same GGUF runs as dense fp32 weights through torch:
+    the same greedy answer, single stream and batched."""
+    dense_model = load_model(replace(TEST_CONFIG, quantized_matmul=False))
+    assert isinstance(dense_model.model.layers[0].wqkv, DenseLinear)
+    dense = LocalEngine(replace(TEST_CONFIG, quantized_matmul=False), model=dense_model)
+    dense.start_sync()
+    try:
+        prompts = [
+            chat_ids(loaded, "What do radix trees store?"),
+            loaded.tokenizer.encode("Eviction removes"),
+        ]
+        assert [g.token_ids for g in run(dense, prompts)] == [g.token_ids for g in run(engine, prompts)]
+        assert run(dense, prompts[:1])[0].token_ids == run(engine, prompts[:1])[0].token_ids
+    finally:
+        dense.close_sync()

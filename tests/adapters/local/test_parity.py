@@ -122,3 +122,16 @@ def test_last_position_logits_within_tolerance(
 ) -> None:
     for ids, logits in zip(prompt_ids, reference_logits, strict=True):
         assert torch.allclose(prefill_logits(loaded, ids), logits[len(ids) - 1], atol=1e-3, rtol=0)
+
+
+def test_single_stream_decode_matches_transformers(
+    make_engine: Any, prompt_ids: list[list[int]], hf_model: Any
+) -> None:
+    """One stream at a time, a decode step takes its own kernels (packed products of one row,
+    attention over one run of pages, RMSNorm in C): its tokens must be the reference's too."""
+    engine = make_engine()
+    for prompt in prompt_ids[:3] + prompt_ids[10:13]:
+        generated = generate_all(engine, [prompt])[0]
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor([prompt + generated[:-1]])).logits[0]
+        assert generated == logits[len(prompt) - 1 :].argmax(dim=-1).tolist()

@@ -1,0 +1,205 @@
+"""Build, cache and call the engine's C kernels (`cpu_kernels.c`): products straight from Q4_1 and
+Q8_0 weights, decode attention over one run of KV pages, and RMSNorm of a few rows.
+
+Decisions:
+- The kernels are C, compiled on first use with the system's C compiler into
+  `<cache_dir>/kernels/cpu_kernels-<hash>.so` (hash of the source, the compiler's version and the flags;
+  written under a temporary name and renamed, so concurrent starts never load half a file) and
+  called through ctypes, which releases the GIL for the call. It needs no Python or torch headers,
+  so a build takes about a second.
+- It links OpenMP by soname; torch has already loaded its own `libgomp.so.1` when the kernel is
+  loaded, so the dynamic linker binds the kernel to that one: one thread pool, not two spinning
+  against each other.
+- Anything missing (no compiler, not x86-64 Linux, a CPU without AVX-512F, a failed build) makes
+  `load_kernel` return None with the reason logged once, and the model runs the same GGUF through
+  dense fp32 weights and torch's attention. Nothing here is needed for correctness, only for speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-lm")
+"""`-ffp-contract=off`: the dequantizer's mul-then-add must round like gguf's numpy code."""
+BUILD_TIMEOUT_S = 120.0
+KERNEL_DIR = "kernels"
+
+logger = logging.getLogger(__name__)
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+class CpuKernels:
+    """The loaded kernel library: products and dequantization of Q4_1 weights (fp32 activations)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._matmul = library.q4_1_matmul
+        self._matmul.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I]
+        self._matmul.restype = _I
+        self._dequantize = library.q4_1_dequantize
+        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _P, _I]
+        self._dequantize.restype = None
+        self._q8_matmul = library.q8_0_matmul
+        self._q8_matmul.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I]
+        self._q8_matmul.restype = None
+        self._rms_norm = library.rms_norm
+        self._rms_norm.argtypes = [_P, _I, _I, _I, _P, _F, _P, _I]
+        self._rms_norm.restype = None
+        self._attention = library.decode_attention
+        self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _I, _P, _I]
+        self._attention.restype = _I
+
+    def matmul(
+        self,
+        x: torch.Tensor,
+        qs: torch.Tensor,
+        scale: torch.Tensor,
+        offset: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        accumulate: bool,
+    ) -> None:
+        """`out (+)= x @ w.T` for `x` `[M, K]` and `out` `[M, N]` fp32, rows contiguous (any row
+        stride), `w` the `[N, K]` Q4_1 weights given as `qs`, `scale`, `offset`."""
+        rows, k = x.shape
+        status = self._matmul(
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            k,
+            qs.data_ptr(),
+            scale.data_ptr(),
+            offset.data_ptr(),
+            qs.shape[0],
+            out.data_ptr(),
+            out.stride(0),
+            int(accumulate),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise MemoryError("q4_1_matmul could not allocate its row sums")
+
+    def q8_matmul(self, x: torch.Tensor, qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """`x @ w.T` (a new `[M, N]` tensor) for `x` `[M, K]` fp32, rows contiguous, and the Q8_0
+        weights `w` `[N, K]` given as `qs` (int8) and `scale` (`[N, K/32]` fp32)."""
+        rows, k = x.shape
+        out = torch.empty(rows, qs.shape[0], dtype=torch.float32)
+        self._q8_matmul(
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            k,
+            qs.data_ptr(),
+            scale.data_ptr(),
+            qs.shape[0],
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of `x` `[M, K]` fp32 (rows contiguous, K a multiple of 16) by `weight` `[K]`."""
+        rows, k = x.shape
+        out = torch.empty(rows, k, dtype=torch.float32)
+        self._rms_norm(x.data_ptr(), x.stride(0), rows, k, weight.data_ptr(), eps, out.data_ptr(), k)
+        return out
+
+    def dequantize(
+        self, qs: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Write the `[N, K]` fp32 weights into `out` (contiguous)."""
+        n, k = out.shape
+        self._dequantize(
+            qs.data_ptr(), scale.data_ptr(), offset.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()
+        )
+
+    def decode_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tokens: int, windows: int
+    ) -> torch.Tensor:
+        """`[rows, heads * d]` attention of `q` (`[rows, heads, d]`, contiguous) over `tokens`
+        consecutive tokens of one layer's pool, all visible: `keys`/`values` are views starting at
+        the run's first token whose dim 0 steps one token (`[tokens, kv_heads, d]`, token-major)."""
+        rows, heads, dim = q.shape
+        kv_heads = keys.shape[1]
+        out = torch.empty(rows, heads * dim, dtype=torch.float32)
+        status = self._attention(
+            q.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            dim,
+            keys.data_ptr(),
+            values.data_ptr(),
+            tokens,
+            keys.stride(0),
+            dim**-0.5,
+            windows,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"decode_attention failed: status {status} (-1 out of memory, -2 bad shape)")
+        return out
+
+
+@functools.cache
+def load_kernel(cache_dir: Path) -> CpuKernels | None:
+    """The kernel, built into `cache_dir` if needed; None (reason logged) where it cannot run."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        _log_unavailable(f"needs x86-64 Linux, not {platform.system()} {platform.machine()}")
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        _log_unavailable("no C compiler (cc or gcc) on PATH")
+        return None
+    try:
+        library = ctypes.CDLL(str(_built(Path(compiler), cache_dir / KERNEL_DIR)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        _log_unavailable(f"build or load failed: {exc}")
+        return None
+    if not library.cpu_kernels_supported():
+        _log_unavailable("this CPU lacks AVX-512F")
+        return None
+    return CpuKernels(library)
+
+
+def _built(compiler: Path, directory: Path) -> Path:
+    version = subprocess.run(
+        [str(compiler), "--version"], capture_output=True, text=True, check=True, timeout=BUILD_TIMEOUT_S
+    ).stdout
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode()):
+        digest.update(part)
+    target = directory / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as staging:
+        staged = Path(staging) / target.name
+        done = subprocess.run(
+            [str(compiler), *FLAGS, "-o", str(staged), str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr else "")
+        os.replace(staged, target)
+    return target
+
+
+def _log_unavailable(reason: str) -> None:
+    logger.info("CPU kernels unavailable (%s): weights run as dense fp32, attention in torch", reason)

@@ -1,0 +1,135 @@
+"""The engine's C kernels against torch: packed Q4_1/Q8_0 products, decode attention, RMSNorm;
+GGUF blocks unpacked to exactly `gguf`'s values; and the fallback where no kernel builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf.quants import dequantize, quantize
+
+from adapters.local import kernels as kernels_module
+from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
+from adapters.local.kernels import CpuKernels, load_kernel
+from adapters.local.linear import (
+    DequantScratch,
+    Q4Linear,
+    Q8Linear,
+    dequantize_q4_1,
+    dequantize_q8_0,
+)
+from adapters.local.model import _rms_norm
+
+GGML = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
+    built = load_kernel(tmp_path_factory.mktemp("kernels"))
+    if built is None:
+        pytest.skip("the C kernels do not build or run on this machine (the engine falls back to torch)")
+    return built
+
+
+def _gguf_tensor(values: np.ndarray, qtype: GGML) -> SimpleNamespace:
+    """What `gguf.GGUFReader` gives for a quantized 2-D tensor: raw block bytes, reversed shape."""
+    rows, cols = values.shape
+    return SimpleNamespace(data=quantize(values, qtype), shape=[cols, rows], tensor_type=qtype)
+
+
+def _q4_1_weight(rows: int, cols: int, seed: int = 0) -> tuple[SimpleNamespace, torch.Tensor]:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.05
+    tensor = _gguf_tensor(values, GGML.Q4_1)
+    reference = torch.from_numpy(dequantize(tensor.data, GGML.Q4_1).reshape(rows, cols).copy())
+    return tensor, reference
+
+
+def test_q4_1_blocks_unpack_to_ggufs_exact_values(kernels: CpuKernels) -> None:
+    tensor, reference = _q4_1_weight(48, 96)
+    qs, scale, offset = _q4_1_parts(tensor, heads=0)  # type: ignore[arg-type]
+    assert torch.equal(dequantize_q4_1(qs, scale, offset), reference)
+    unpacked = torch.empty(48, 96)
+    kernels.dequantize(qs, scale, offset, unpacked)
+    assert torch.equal(unpacked, reference)
+
+
+def test_q8_0_blocks_unpack_to_ggufs_exact_values() -> None:
+    values = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+    tensor = _gguf_tensor(values, GGML.Q8_0)
+    qs, scale = _q8_0_parts(tensor)  # type: ignore[arg-type]
+    reference = torch.from_numpy(dequantize(tensor.data, GGML.Q8_0).reshape(40, 64).copy())
+    assert torch.equal(dequantize_q8_0(qs, scale), reference)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_q4_linear_matches_the_dense_product(kernels: CpuKernels, rows: int) -> None:
+    tensor, weight = _q4_1_weight(80, 128, seed=rows)
+    qs, scale, offset = _q4_1_parts(tensor, heads=0)  # type: ignore[arg-type]
+    linear = Q4Linear(qs=qs, scale=scale, offset=offset, kernel=kernels, scratch=DequantScratch())
+    wide = torch.randn(rows, 256)
+    x = wide[:, 64:192]  # rows 256 floats apart: the kernel takes any row stride
+    expected = x @ weight.t()
+    torch.testing.assert_close(linear.mm(x), expected, rtol=1e-5, atol=1e-5)
+    residual = torch.randn(rows, 80)
+    into = residual.clone()
+    linear.addmm_(into, x)
+    torch.testing.assert_close(into, residual + expected, rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([3, 0, 79])
+    assert torch.equal(linear.rows(ids), weight[ids])
+
+
+def test_q8_linear_matches_the_dense_product(kernels: CpuKernels) -> None:
+    values = np.random.default_rng(2).standard_normal((70, 96)).astype(np.float32)
+    tensor = _gguf_tensor(values, GGML.Q8_0)
+    qs, scale = _q8_0_parts(tensor)  # type: ignore[arg-type]
+    weight = dequantize_q8_0(qs, scale)
+    linear = Q8Linear(qs=qs, scale=scale, kernel=kernels)
+    for rows in (1, 4, 6):
+        x = torch.randn(rows, 96)
+        torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("rows", "tokens", "windows"), [(1, 2200, 16), (1, 17, 4), (3, 700, 8), (2, 1, 16)])
+def test_decode_attention_matches_sdpa(kernels: CpuKernels, rows: int, tokens: int, windows: int) -> None:
+    heads, kv_heads, dim = 9, 3, 64
+    pool_k, pool_v = torch.randn(tokens + 40, kv_heads, dim), torch.randn(tokens + 40, kv_heads, dim)
+    keys, values = pool_k[20 : 20 + tokens], pool_v[20 : 20 + tokens]  # a run inside the pool
+    q = torch.randn(rows, heads, dim)
+    out = kernels.decode_attention(q, keys, values, tokens, windows)
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        enable_gqa=True,
+    )
+    torch.testing.assert_close(out, expected.squeeze(0).transpose(0, 1).reshape(rows, heads * dim))
+
+
+def test_decode_attention_refuses_a_head_dimension_it_does_not_handle(kernels: CpuKernels) -> None:
+    keys = torch.randn(10, 2, 32)
+    with pytest.raises(RuntimeError, match="bad shape"):
+        kernels.decode_attention(torch.randn(1, 4, 32), keys, keys, 10, 2)
+
+
+def test_rms_norm_matches_the_torch_formula(kernels: CpuKernels) -> None:
+    x, weight = torch.randn(3, 576), torch.rand(576)
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-5), _rms_norm(x, weight, 1e-5))
+
+
+def test_no_compiler_means_no_kernel_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert kernels_module.load_kernel.__wrapped__(tmp_path) is None
+
+
+def test_a_built_kernel_is_reused_from_the_cache(tmp_path: Path, kernels: CpuKernels) -> None:
+    assert kernels_module.load_kernel.__wrapped__(tmp_path) is not None
+    built = list((tmp_path / kernels_module.KERNEL_DIR).glob("cpu_kernels-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert kernels_module.load_kernel.__wrapped__(tmp_path) is not None
+    assert built[0].stat().st_mtime_ns == stamp
