@@ -68,21 +68,33 @@ class DenseLinear:
         return self.weight_t.index_select(1, ids).t().contiguous()
 
 
+_Held = dict[tuple[int, int], tuple[int, torch.Tensor]]
+"""Per shape: the id of the weight a buffer holds, and the buffer."""
+
+
 class DequantScratch:
-    """One reusable fp32 buffer per weight shape and thread, for unpacked matrices. Per thread:
-    engines that share a loaded model each run it on their own thread."""
+    """One reusable fp32 buffer per weight shape and thread, for unpacked matrices, remembering
+    whose weights it holds: a prefill chunk's SwiGLU runs in blocks of rows, and the second block
+    finds its matrix already unpacked. Per thread: engines that share a loaded model each run it
+    on their own thread."""
 
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def buffer(self, rows: int, cols: int) -> torch.Tensor:
-        buffers: dict[tuple[int, int], torch.Tensor] | None = getattr(self._local, "buffers", None)
+    def unpacked(self, owner: Q4Linear) -> torch.Tensor:
+        """`owner`'s weights `[out, in]` fp32, unpacked into this thread's buffer of that shape
+        unless that buffer holds them already."""
+        buffers: _Held | None = getattr(self._local, "buffers", None)
         if buffers is None:
             buffers = self._local.buffers = {}
-        found = buffers.get((rows, cols))
-        if found is None:
-            found = buffers[(rows, cols)] = torch.empty(rows, cols, dtype=torch.float32)
-        return found
+        shape = (owner.qs.shape[0], owner.qs.shape[1] * 2)
+        held = buffers.get(shape)
+        if held is not None and held[0] == id(owner):
+            return held[1]
+        weight = held[1] if held is not None else torch.empty(shape, dtype=torch.float32)
+        owner.kernel.dequantize(owner.qs, owner.scale, owner.offset, weight)
+        buffers[shape] = (id(owner), weight)
+        return weight
 
 
 @dataclass(slots=True)
@@ -117,10 +129,7 @@ class Q4Linear:
         return dequantize_q4_1(self.qs[ids], self.scale[ids], self.offset[ids])
 
     def _unpacked(self) -> torch.Tensor:
-        rows = self.qs.shape[0]
-        weight = self.scratch.buffer(rows, self.qs.shape[1] * 2)
-        self.kernel.dequantize(self.qs, self.scale, self.offset, weight)
-        return weight
+        return self.scratch.unpacked(self)
 
 
 @dataclass(slots=True)
