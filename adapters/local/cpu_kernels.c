@@ -139,26 +139,6 @@ AVX512 void q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qs,
     }
 }
 
-/* w[n][k] = d * q + m, fp32 [N, K] row-major: for products with many rows, which run faster as
-   one dense matmul over a freshly unpacked matrix than as the per-output loop above. */
-AVX512 void q4_1_dequantize(const uint8_t *qs, const float *d, const float *m, int N, int K, float *w,
-                            int threads) {
-    const int groups = K / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        for (int g = 0; g < groups; g++) {
-            __m512 lo, hi;
-            unpack(qs + (size_t)n * (K / 2) + g * 16, &lo, &hi);
-            const size_t at = (size_t)n * groups + g;
-            __m512 dg = _mm512_set1_ps(d[at]), mg = _mm512_set1_ps(m[at]);
-            float *out = w + (size_t)n * K + g * BLOCK;
-            /* mul then add, not an FMA: the same rounding as gguf's numpy dequantization. */
-            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(lo, dg), mg));
-            _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(hi, dg), mg));
-        }
-    }
-}
-
 /* ---- Decode attention: a few query rows over one run of consecutive KV tokens ----
 
    q [R, H, 64] (head dimension 64 only), keys and values of token t and KV head j at

@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-lm")
-"""`-ffp-contract=off`: the dequantizer's mul-then-add must round like gguf's numpy code."""
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-lm")
 BUILD_TIMEOUT_S = 120.0
 KERNEL_DIR = "kernels"
 
@@ -42,15 +41,13 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class CpuKernels:
-    """The loaded kernel library: products and dequantization of Q4_1 weights (fp32 activations)."""
+    """The loaded kernel library (fp32 activations): products of a few rows with Q4_1 and Q8_0
+    weights, decode attention, RMSNorm."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._matmul = library.q4_1_matmul
         self._matmul.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I]
         self._matmul.restype = _I
-        self._dequantize = library.q4_1_dequantize
-        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _P, _I]
-        self._dequantize.restype = None
         self._q8_matmul = library.q8_0_matmul
         self._q8_matmul.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I]
         self._q8_matmul.restype = None
@@ -116,15 +113,6 @@ class CpuKernels:
         out = torch.empty(rows, k, dtype=torch.float32)
         self._rms_norm(x.data_ptr(), x.stride(0), rows, k, weight.data_ptr(), eps, out.data_ptr(), k)
         return out
-
-    def dequantize(
-        self, qs: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, out: torch.Tensor
-    ) -> None:
-        """Write the `[N, K]` fp32 weights into `out` (contiguous)."""
-        n, k = out.shape
-        self._dequantize(
-            qs.data_ptr(), scale.data_ptr(), offset.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()
-        )
 
     def decode_attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tokens: int, windows: int

@@ -1,17 +1,21 @@
-"""The model's weight matrices: dense (`x @ w_t`) or Q4_1-packed (through `kernels`).
+"""The model's weight matrices: dense (`x @ w_t`), or Q4_1 / Q8_0 packed (through `kernels`).
 
-A GGUF whose layer matrices are Q4_1 (the default SmolLM2 file) keeps them packed: 0.75 bytes per
-weight instead of 4. A decode step reads every weight once for a row or a few, so its products are
-memory-bound and run through the kernel straight from the packed bytes (the 120 layer products of
-a SmolLM2 decode step: 10.6 against 27.3 ms fp32 on the 2-core dev box). Steps with more rows
-(prefill chunks, big decode batches) are compute-bound: each matrix is unpacked into a per-thread
-scratch and multiplied by MKL, which costs one unpacking pass (~20 ms per step for all layers)
-and nothing else. Either way the weights are the same fp32 values `gguf` dequantizes to.
+A decode step of one stream (or a few) reads every weight once for a row or a few, so its products
+are memory-bound: a GGUF's Q4_1 layer matrices (the default SmolLM2 file's) are kept packed too,
+0.75 bytes per weight instead of 4, and the kernel multiplies straight from the packed bytes (the
+120 layer products of a SmolLM2 decode step: 10.6 against 27.3 ms fp32 on the 2-core dev box).
+Products of many rows (prefill chunks, big decode batches) are compute-bound and run by MKL on the
+unpacked fp32 copy. Both hold the same fp32 values `gguf` dequantizes to.
+
+Decision: both copies of a Q4_1 matrix stay resident. Unpacking on the fly for each many-row step
+was measured: ~50 ms of a 16-stream decode step at 300 ms, and at 16 rows MKL is ~4x slower
+against the `[out, in]` layout a fast unpacker writes, so the 16-stream floor fell from 4x to 2x.
+The packed copy costs 80 MB for SmolLM2, and a Q8_0 head kept packed only (`Q8Linear`, 113 MB fp32,
+32 MB packed) gives back as much, so the model's resident weights did not grow.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,9 +24,9 @@ import torch
 from adapters.local.kernels import CpuKernels
 
 FUSED_MAX_ROWS = 4
-"""Most rows a packed product runs through the fused kernel; more are unpacked and run by MKL.
-At 8 rows the two cost the same on the dev box (46 vs 50 ms for all layers), at 4 the kernel
-takes 19 against 47 ms."""
+"""Most rows a Q4_1 product runs through the packed kernel; more run by MKL on the fp32 copy. At 8
+rows the two cost the same on the dev box (46 vs 50 ms for all layers), at 4 the kernel takes 19
+against 47 ms."""
 Q4_1_BLOCK = 32
 """Weights per block, in Q4_1 as in Q8_0."""
 
@@ -68,68 +72,37 @@ class DenseLinear:
         return self.weight_t.index_select(1, ids).t().contiguous()
 
 
-_Held = dict[tuple[int, int], tuple[int, torch.Tensor]]
-"""Per shape: the id of the weight a buffer holds, and the buffer."""
-
-
-class DequantScratch:
-    """One reusable fp32 buffer per weight shape and thread, for unpacked matrices, remembering
-    whose weights it holds: a prefill chunk's SwiGLU runs in blocks of rows, and the second block
-    finds its matrix already unpacked. Per thread: engines that share a loaded model each run it
-    on their own thread."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def unpacked(self, owner: Q4Linear) -> torch.Tensor:
-        """`owner`'s weights `[out, in]` fp32, unpacked into this thread's buffer of that shape
-        unless that buffer holds them already."""
-        buffers: _Held | None = getattr(self._local, "buffers", None)
-        if buffers is None:
-            buffers = self._local.buffers = {}
-        shape = (owner.qs.shape[0], owner.qs.shape[1] * 2)
-        held = buffers.get(shape)
-        if held is not None and held[0] == id(owner):
-            return held[1]
-        weight = held[1] if held is not None else torch.empty(shape, dtype=torch.float32)
-        owner.kernel.dequantize(owner.qs, owner.scale, owner.offset, weight)
-        buffers[shape] = (id(owner), weight)
-        return weight
-
-
 @dataclass(slots=True)
 class Q4Linear:
-    """A Q4_1 weight `[out, in]` kept packed: `qs` `[out, in/2]` bytes (GGUF's nibble order),
-    `scale` and `offset` `[out, in/32]` fp32."""
+    """A Q4_1 weight `[out, in]` kept packed, `qs` `[out, in/2]` bytes (GGUF's nibble order),
+    `scale` and `offset` `[out, in/32]` fp32, for products of a few rows; and unpacked
+    (`weight_t`, fp32 `[in, out]`) for products of many, which MKL runs at its compute peak."""
 
     qs: torch.Tensor
     scale: torch.Tensor
     offset: torch.Tensor
+    weight_t: torch.Tensor
     kernel: CpuKernels
-    scratch: DequantScratch
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.scale, self.offset))
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.scale, self.offset, self.weight_t))
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > FUSED_MAX_ROWS:
-            return torch.mm(x, self._unpacked().t())
+            return x @ self.weight_t
         out = torch.empty(x.shape[0], self.qs.shape[0], dtype=torch.float32)
         self.kernel.matmul(_rows_contiguous(x), self.qs, self.scale, self.offset, out, accumulate=False)
         return out
 
     def addmm_(self, out: torch.Tensor, x: torch.Tensor) -> None:
         if x.shape[0] > FUSED_MAX_ROWS or out.stride(-1) != 1:
-            out.addmm_(x, self._unpacked().t())
+            out.addmm_(x, self.weight_t)
             return
         self.kernel.matmul(_rows_contiguous(x), self.qs, self.scale, self.offset, out, accumulate=True)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_q4_1(self.qs[ids], self.scale[ids], self.offset[ids])
-
-    def _unpacked(self) -> torch.Tensor:
-        return self.scratch.unpacked(self)
+        return self.weight_t.index_select(1, ids).t().contiguous()
 
 
 @dataclass(slots=True)
@@ -174,11 +147,7 @@ def dequantize_q4_1(qs: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor)
 
 
 def build_linear(
-    tensors: dict[str, torch.Tensor],
-    name: str,
-    dtype: torch.dtype,
-    kernel: CpuKernels | None,
-    scratch: DequantScratch,
+    tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype, kernel: CpuKernels | None
 ) -> Linear:
     """The weight `name` from a checkpoint: packed (Q4_1 `{name}.qs/.scale/.offset`, Q8_0
     `{name}.qs/.scale`) when it is and the kernels run in this dtype, else dense in `dtype`
@@ -191,9 +160,10 @@ def build_linear(
             return Q8Linear(qs=q8, scale=q8_scale, kernel=kernel)
         return DenseLinear(dequantize_q8_0(q8, q8_scale).t().to(dtype).contiguous())
     qs, scale, offset = (tensors[f"{name}.{part}"].contiguous() for part in ("qs", "scale", "offset"))
+    weight_t = dequantize_q4_1(qs, scale, offset).t().to(dtype).contiguous()
     if kernel is not None and dtype == torch.float32:
-        return Q4Linear(qs=qs, scale=scale, offset=offset, kernel=kernel, scratch=scratch)
-    return DenseLinear(dequantize_q4_1(qs, scale, offset).t().to(dtype).contiguous())
+        return Q4Linear(qs=qs, scale=scale, offset=offset, weight_t=weight_t, kernel=kernel)
+    return DenseLinear(weight_t)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from adapters.local.attention import (
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
-from adapters.local.linear import DequantScratch, Linear, build_linear
+from adapters.local.linear import Linear, build_linear
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -107,13 +107,12 @@ class LlamaModel:
         self.spec = spec
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
-        scratch = DequantScratch()
 
         def get(name: str) -> torch.Tensor:
             return tensors[name].to(dtype).contiguous()
 
         def linear(name: str) -> Linear:
-            return build_linear(tensors, name, dtype, kernel, scratch)
+            return build_linear(tensors, name, dtype, kernel)
 
         self.embed = get("embed") if "embed" in tensors else None
         """`[vocab, hidden]` when untied; None: tokens are looked up in the head's rows."""
