@@ -24,11 +24,15 @@ from typing import Any
 from proxy import __version__
 from proxy.auth import hash_key
 from proxy.config import SettingsError, load_settings, masked
+from proxy.huge_pages import collapse_heap
 from proxy.routing.config import POLICY_NAMES, parse_worker_arg
 from proxy.settings import Settings
 
 EXIT_BAD_SETTINGS = 2
 EXIT_STARTUP_FAILED = 3
+GC_THRESHOLDS = (20_000, 50, 50)
+"""`gc.set_threshold` once started: a young collection every 20,000 net allocations instead of 700
+(each one walks every young object and its referents, cold after an idle wake)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,33 +190,41 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     level = settings.server.log_level
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            with_fast_routes(app),  # the generation routes in front of Litestar (proxy/fast_routes.py)
-            host=settings.server.host,
-            port=settings.server.port,
-            log_level=level,
-            access_log=settings.server.access_log,
-            timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
-            lifespan="on",
-            server_header=False,
-            # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib
-            # loop; benchmarks/RESULTS.md "## overhead" compares the servers measured for this choice.
-            # The protocol is uvicorn's httptools one, sending a response head with its body.
-            loop="uvloop",
-            http=GatewayHttpProtocol,
-        )
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level=level,
+        access_log=settings.server.access_log,
+        timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
+        lifespan="on",
+        server_header=False,
+        # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib
+        # loop; benchmarks/RESULTS.md "## overhead" compares the servers measured for this choice.
+        # The protocol is uvicorn's httptools one, sending a response head with its body.
+        loop="uvloop",
+        http=GatewayHttpProtocol,
+        # The generation routes in front of Litestar (proxy/fast_routes.py), which also applies the
+        # trusted proxies' X-Forwarded-* headers (uvicorn's default hosts) where they are read.
+        proxy_headers=False,
     )
+    config.app = with_fast_routes(
+        app, trusted_proxies=config.forwarded_allow_ips, access_log=settings.server.access_log
+    )
+    server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else EXIT_STARTUP_FAILED
 
 
 def _settle_heap() -> None:
     """Once started, move every object alive (modules, settings, pools) out of the collector's
-    generations: a full collection then walks only what requests allocate. Measured in
-    `benchmarks/RESULTS.md` "## overhead" (300 req/s p99)."""
+    generations: a full collection then walks only what requests allocate; collect the young
+    generation less often; and put the heap on huge pages (`proxy.huge_pages`). Measured in
+    `benchmarks/RESULTS.md` "## overhead" (300 req/s p99; CPU per request at 100 req/s)."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    logging.getLogger("radixgate").debug("heap on huge pages: %d MiB", collapse_heap() >> 20)
 
 
 def _show(args: argparse.Namespace) -> int:

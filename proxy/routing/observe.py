@@ -78,6 +78,11 @@ class RoutingObserver:
     registry: MetricsRegistry | None = None
     _series: dict[tuple[str, str, str], _DecisionSeries] = field(default_factory=dict)
     """Labelled series per (policy, worker, reason): `labels()` validates and locks on every call."""
+    _spans: bool = field(init=False, default=True)
+    """False for the no-op tracer, whose spans record nothing and propagate nothing: none is started."""
+
+    def __post_init__(self) -> None:
+        self._spans = not isinstance(self.tracer, trace.NoOpTracer)
 
     @classmethod
     def create(
@@ -109,6 +114,8 @@ class RoutingObserver:
             series.prompt_tokens.inc(prompt_tokens)
             series.match_tokens.inc(decision.match_tokens)
             series.seconds.observe(seconds)
+        if not self._spans:
+            return
         span = self.tracer.start_span(semconv.ROUTING_SPAN_NAME, kind=SpanKind.INTERNAL)
         if span.is_recording():
             span.set_attributes(

@@ -134,8 +134,9 @@ class Telemetry:
                 attributes=request_attributes(request, engine),
             )
         else:
-            # Still a child of the current context: an incoming traceparent reaches the upstream.
-            span = self.tracer.start_span(request.operation)
+            # The no-op tracer's span would be a non-recording copy of the current one (an incoming
+            # traceparent, which then reaches the upstream, or the invalid span): take that one.
+            span = trace.get_current_span()
         series = self.gateway_metrics.upstream(model, engine.provider_name, request.operation)
         return Operation(span, request, engine, self._instruments, series)
 

@@ -16,15 +16,23 @@ from tests.proxy.scripted_engine import BODY, ScriptedEngine, scripted_pool
 REQUEST = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
-async def call(app: Any, method: str, path: str, body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
-    """One HTTP request through the ASGI app: (status, headers, body)."""
+async def call(
+    app: Any, method: str, path: str, body: bytes = b"", scope_out: dict[str, Any] | None = None
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    """One HTTP request through the ASGI app: (status, headers, body); `scope_out` gets the scope as the
+    app left it (with `extra_headers` added to the request's headers first)."""
+    scope_out = {} if scope_out is None else scope_out
     scope = {
         "type": "http",
         "method": method,
         "path": path,
         "raw_path": path.encode(),
         "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *scope_out.pop("extra_headers", []),
+        ],
         "http_version": "1.1",
         "scheme": "http",
         "server": ("127.0.0.1", 8080),
@@ -46,6 +54,7 @@ async def call(app: Any, method: str, path: str, body: bytes = b"") -> tuple[int
         sent.append(message)
 
     await app(scope, receive, send)
+    scope_out.update(scope)
     start = next(m for m in sent if m["type"] == "http.response.start")
     content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], dict(start["headers"]), content
@@ -108,3 +117,26 @@ def test_a_plain_asgi_app_is_left_alone() -> None:
         del scope, receive, send
 
     assert with_fast_routes(app) is app
+
+
+async def test_trusted_proxies_forwarded_headers_reach_litestar_and_the_access_log_only() -> None:
+    """With `trusted_proxies` (uvicorn's proxy headers off), Litestar's requests see the forwarded
+    client; a generation request without a span or access log is not rewritten (nothing reads it)."""
+    forwarded = [(b"x-forwarded-for", b"203.0.113.7"), (b"x-forwarded-proto", b"https")]
+
+    def app(access_log: bool) -> Any:
+        return with_fast_routes(
+            create_app(Settings(), router=scripted_pool([ScriptedEngine()])),
+            trusted_proxies="127.0.0.1",
+            access_log=access_log,
+        )
+
+    for access_log, path, method, rewritten in [
+        (False, "/v1/nowhere", "GET", True),
+        (False, "/v1/chat/completions", "POST", False),
+        (True, "/v1/chat/completions", "POST", True),
+    ]:
+        seen: dict[str, Any] = {"extra_headers": forwarded}
+        await call(app(access_log), method, path, REQUEST if method == "POST" else b"", seen)
+        expected = (("203.0.113.7", 0), "https") if rewritten else (("127.0.0.1", 5000), "http")
+        assert (seen["client"], seen["scheme"]) == expected, (access_log, path)

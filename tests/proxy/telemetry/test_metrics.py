@@ -7,7 +7,8 @@ import json
 import pytest
 from litestar.testing import AsyncTestClient
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.errors import UpstreamUnreachable
@@ -143,3 +144,45 @@ def telemetry_settings():  # type: ignore[no-untyped-def]
     from proxy.telemetry import TelemetrySettings
 
     return TelemetrySettings()
+
+
+def test_loop_series_count_as_prometheus_client_does() -> None:
+    """The registry's lean `inc`/`dec`/`observe` give the exposition prometheus_client's own give."""
+    ours = MetricsRegistry()
+    theirs = CollectorRegistry()
+    buckets = (0.001, 0.01, 1.0)
+    pairs = [
+        (
+            ours.counter("c", "d", ["k"]).labels("x"),
+            Counter("radixgate_c", "d", ["k"], registry=theirs).labels("x"),
+        ),
+        (ours.gauge("g", "d"), Gauge("radixgate_g", "d", registry=theirs)),
+        (
+            ours.histogram("h", "d", ["k"], buckets=buckets).labels("y"),
+            Histogram("radixgate_h", "d", ["k"], registry=theirs, buckets=buckets).labels("y"),
+        ),
+    ]
+    for counter in (pairs[0][0], pairs[0][1]):
+        counter.inc()
+        counter.inc(2.5)
+        with pytest.raises(ValueError):
+            counter.inc(-1)
+    for gauge in (pairs[1][0], pairs[1][1]):
+        gauge.inc()
+        gauge.inc(3)
+        gauge.dec(0.5)
+    for histogram in (pairs[2][0], pairs[2][1]):
+        for value in (0.0, 0.001, 0.005, 0.01, 0.5, 1.0, 7.0, float("inf"), float("nan"), -1.0):
+            histogram.observe(value)
+    with pytest.raises(ValueError):
+        ours.counter("c", "d", ["k"]).inc()  # a labelled metric's parent is not observable
+
+    def samples(text: str) -> list[tuple[str, str, str]]:
+        return sorted(
+            (s.name, repr(sorted(s.labels.items())), repr(s.value))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if not s.name.endswith("_created")
+        )
+
+    assert samples(ours.render().decode()) == samples(generate_latest(theirs).decode())
