@@ -139,17 +139,15 @@ AVX512 void q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qs,
     }
 }
 
-/* ---- Decode attention: a few query rows over one run of consecutive KV tokens ----
+/* ---- Decode attention: each decode row over its own KV pages ----
 
-   q [R, H, 64] (head dimension 64 only), keys and values of token t and KV head j at
-   k/v + t * ts + j * 64 (the pool's layout, one layer, from the run's first token), T tokens, all
-   visible. Query head h reads KV head h / (H / KVH). out [R, H * 64].
-
-   Work is cut into windows of tokens; a window is attended by every KV head in turn, each taking
-   every query of its head group, 4 at a time: keys and values are read once per step for all rows and grouped heads, and
-   4 queries' 64-wide outputs fit in registers. A unit keeps its queries' maximum score, sum of
-   exponentials and unnormalized output; the units of a head are merged by their maxima at the
-   end (splitting a softmax over windows is exact up to rounding, as FlashAttention's blocks are). */
+   q [R, H, 64] (head dimension 64 only); query head h reads KV head h / (H / KVH); out [R, H * 64].
+   The pool's layout: a token slot holds every KV head's 64 values, so a stretch of consecutive
+   slots is one contiguous piece of memory. Each stretch is attended by every KV head in turn,
+   taking the queries of that head's group (4 at a time, so their 64-wide outputs stay in
+   registers), keeping the queries' maximum score, sum of exponentials and unnormalized output;
+   a row's stretches are merged by their maxima at the end (splitting a softmax is exact up to
+   rounding, as FlashAttention's blocks are). */
 
 #define HEAD_DIM 64
 #define QUERY_BLOCK 4
@@ -248,65 +246,59 @@ AVX512 static void attend_window(const float *qbuf, int Q, const float *k, const
     }
 }
 
-/* Returns 0, -1 when out of memory, -2 on shapes it does not handle (head dimension not 64). */
+/* Decode rows over their own pages. `segments` [S][3]: (row, first token slot, tokens), a stretch
+   of consecutive slots (a run of consecutive pages, or part of one), rows in ascending order,
+   every row with at least one. Token slot s of KV head j is at k/v + s * ts + j * 64. A segment is
+   a unit of work: every KV head of its row attends over it in turn; a row's segments are merged
+   by their maxima at the end. Returns 0, -1 when out of memory, -2 on shapes it does not handle
+   (head dimension not 64). */
 AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const float *k, const float *v,
-                            int T, int ts, float scale, int windows, float *out, int threads) {
-    if (D != HEAD_DIM || H % KVH != 0 || T < 1 || R < 1) return -2;
-    if (windows < 1) windows = 1;
-    if (windows > T) windows = T;
-    const int groups = H / KVH, Q = R * groups, units = KVH * windows;
-    const int span = (T + windows - 1) / windows;
-    float *qbuf = malloc(sizeof(float) * (size_t)KVH * Q * D);
-    float *scores = malloc(sizeof(float) * (size_t)windows * QUERY_BLOCK * span);
-    Stats *stats = malloc(sizeof(Stats) * (size_t)units * Q);
-    float *acc = malloc(sizeof(float) * (size_t)units * Q * D);
+                            int ts, const int32_t *segments, int S, float scale, float *out, int threads) {
+    if (D != HEAD_DIM || H % KVH != 0 || S < 1 || R < 1) return -2;
+    const int groups = H / KVH, per_segment = KVH * groups;
+    int span = 1;
+    for (int s = 0; s < S; s++) span = segments[3 * s + 2] > span ? segments[3 * s + 2] : span;
+    float *scores = malloc(sizeof(float) * (size_t)S * QUERY_BLOCK * span);
+    Stats *stats = malloc(sizeof(Stats) * (size_t)S * per_segment);
+    float *acc = malloc(sizeof(float) * (size_t)S * per_segment * D);
     int status = 0;
-    if (qbuf == NULL || scores == NULL || stats == NULL || acc == NULL) {
+    if (scores == NULL || stats == NULL || acc == NULL) {
         status = -1;
         goto done;
     }
-    /* The queries of each KV head's group, contiguous: row-major over (row, grouped head). */
-    for (int j = 0; j < KVH; j++)
-        for (int r = 0; r < R; r++)
-            for (int g = 0; g < groups; g++)
-                memcpy(qbuf + ((size_t)j * Q + r * groups + g) * D, q + ((size_t)r * H + j * groups + g) * D,
-                       sizeof(float) * D);
-    /* A unit is a window of tokens for every KV head in turn: a token's heads are adjacent in the
-       pool, so each unit streams one contiguous stretch of memory, and the heads after the first
-       find it in cache. */
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (int w = 0; w < windows; w++) {
-        const int t0 = w * span, t1 = t0 + span < T ? t0 + span : T;
+    for (int s = 0; s < S; s++) {
+        const int r = segments[3 * s], n = segments[3 * s + 2];
+        const size_t slot = (size_t)segments[3 * s + 1];
         for (int j = 0; j < KVH; j++) {
-            const size_t u = (size_t)j * windows + w;
-            if (t0 >= t1) {
-                for (int i = 0; i < Q; i++) stats[u * Q + i] = (Stats){-INFINITY, 0.0f};
-                continue;
-            }
-            attend_window(qbuf + (size_t)j * Q * D, Q, k + (size_t)t0 * ts + (size_t)j * D,
-                          v + (size_t)t0 * ts + (size_t)j * D, ts, t1 - t0, scale,
-                          scores + (size_t)w * QUERY_BLOCK * span, stats + u * Q, acc + u * Q * D);
+            const size_t unit = (size_t)s * per_segment + (size_t)j * groups;
+            attend_window(q + ((size_t)r * H + (size_t)j * groups) * D, groups, k + slot * ts + (size_t)j * D,
+                          v + slot * ts + (size_t)j * D, ts, n, scale, scores + (size_t)s * QUERY_BLOCK * span,
+                          stats + unit, acc + unit * D);
         }
     }
-    for (int j = 0; j < KVH; j++)
-        for (int i = 0; i < Q; i++) {
+    for (int first = 0; first < S;) {
+        const int r = segments[3 * first];
+        int last = first;
+        while (last + 1 < S && segments[3 * (last + 1)] == r) last++;
+        for (int i = 0; i < per_segment; i++) {
             float peak = -INFINITY, total = 0.0f, merged[HEAD_DIM] = {0};
-            for (int w = 0; w < windows; w++) {
-                float m = stats[((size_t)j * windows + w) * Q + i].max;
+            for (int s = first; s <= last; s++) {
+                const float m = stats[(size_t)s * per_segment + i].max;
                 peak = m > peak ? m : peak;
             }
-            for (int w = 0; w < windows; w++) {
-                const size_t u = (size_t)j * windows + w;
-                if (stats[u * Q + i].sum == 0.0f) continue;
-                float weight = expf(stats[u * Q + i].max - peak);
-                total += stats[u * Q + i].sum * weight;
-                for (int c = 0; c < D; c++) merged[c] += acc[(u * Q + i) * D + c] * weight;
+            for (int s = first; s <= last; s++) {
+                const size_t unit = (size_t)s * per_segment + i;
+                const float weight = expf(stats[unit].max - peak);
+                total += stats[unit].sum * weight;
+                for (int c = 0; c < D; c++) merged[c] += acc[unit * D + c] * weight;
             }
-            const int r = i / groups, h = j * groups + i % groups;
-            for (int c = 0; c < D; c++) out[((size_t)r * H + h) * D + c] = merged[c] / total;
+            /* i runs over (KV head, group), which is the query head's own index. */
+            for (int c = 0; c < D; c++) out[((size_t)r * H + i) * D + c] = merged[c] / total;
         }
+        first = last + 1;
+    }
 done:
-    free(qbuf);
     free(scores);
     free(stats);
     free(acc);

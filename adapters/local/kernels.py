@@ -1,5 +1,5 @@
 """Build, cache and call the engine's C kernels (`cpu_kernels.c`): products straight from Q4_1 and
-Q8_0 weights, decode attention over one run of KV pages, and RMSNorm of a few rows.
+Q8_0 weights, decode attention over each row's KV pages, and RMSNorm of a few rows.
 
 Decisions:
 - The kernels are C, compiled on first use with the system's C compiler into
@@ -55,7 +55,7 @@ class CpuKernels:
         self._rms_norm.argtypes = [_P, _I, _I, _I, _P, _F, _P, _I]
         self._rms_norm.restype = None
         self._attention = library.decode_attention
-        self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _I, _P, _I]
+        self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _F, _P, _I]
         self._attention.restype = _I
 
     def matmul(
@@ -115,13 +115,14 @@ class CpuKernels:
         return out
 
     def decode_attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tokens: int, windows: int
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: torch.Tensor
     ) -> torch.Tensor:
-        """`[rows, heads * d]` attention of `q` (`[rows, heads, d]`, contiguous) over `tokens`
-        consecutive tokens of one layer's pool, all visible: `keys`/`values` are views starting at
-        the run's first token whose dim 0 steps one token (`[tokens, kv_heads, d]`, token-major)."""
+        """`[rows, heads * d]` attention of the decode rows `q` (`[rows, heads, d]`, contiguous)
+        over their own pages of one layer's pool (`keys`, `values`: `[pages, page_size, kv_heads, d]`,
+        contiguous). `segments`: int32 `[S, 3]` rows of (row, first token slot, tokens), each a
+        stretch of consecutive slots, rows ascending, every row at least once (`DecodePlan.segments`)."""
         rows, heads, dim = q.shape
-        kv_heads = keys.shape[1]
+        kv_heads = keys.shape[2]
         out = torch.empty(rows, heads * dim, dtype=torch.float32)
         status = self._attention(
             q.data_ptr(),
@@ -131,10 +132,10 @@ class CpuKernels:
             dim,
             keys.data_ptr(),
             values.data_ptr(),
-            tokens,
-            keys.stride(0),
+            kv_heads * dim,
+            segments.data_ptr(),
+            segments.shape[0],
             dim**-0.5,
-            windows,
             out.data_ptr(),
             torch.get_num_threads(),
         )

@@ -42,10 +42,6 @@ DECODE_WINDOWS = 4
 threads busy where the 3 of one flash call left one idle a third of the time (see `windowed_attention`)."""
 DECODE_WINDOW_MIN_TOKENS = 256
 """Shortest window worth a unit of its own; shorter runs get fewer windows."""
-KERNEL_WINDOWS, KERNEL_WINDOW_MIN_TOKENS = 16, 64
-"""Windows of a run for the C decode attention (`kernels`), and the shortest: 16 windows handed out
-dynamically keep two threads evenly busy, and a window's K/V stays in cache while every KV head
-reads it (2,200 tokens, 30 layers: 10.2 ms with 16, 11.1 with 4, torch's flash kernel 14.5-16)."""
 KERNEL_HEAD_DIM = 64
 """The one head dimension the C decode attention handles; other models attend with torch."""
 MLP_BLOCK_ROWS = 256
@@ -107,6 +103,8 @@ class LlamaModel:
         self.spec = spec
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
+        self.attends_in_kernel = self._kernels is not None and spec.head_dim == KERNEL_HEAD_DIM
+        """Decode rows attend in the C kernel: the runner plans them as `DecodePlan.segments`."""
 
         def get(name: str) -> torch.Tensor:
             return tensors[name].to(dtype).contiguous()
@@ -202,18 +200,11 @@ class LlamaModel:
         rope.addcmul_(self._roll, torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1))
         layers = len(self.layers)
         k_slots, v_slots = pool.k.view(layers, -1, n_kv * hd), pool.v.view(layers, -1, n_kv * hd)
-        windows, run_keys, run_values, run = None, None, None, None
-        if len(plan.runs) == 1 and not plan.merge and plan.gathered is None:
+        windows = None
+        if plan.segments is None and len(plan.runs) == 1 and not plan.merge and plan.gathered is None:
             run = plan.runs[0].run
-            if self._kernels is not None and pool.k.dtype == torch.float32 and hd == KERNEL_HEAD_DIM:
-                # Token-major views of the run in every layer, for the C kernel.
-                start = run.first_page * pool.k.shape[2]
-                run_keys = pool.k.view(layers, -1, n_kv, hd)[:, start : start + run.tokens]
-                run_values = pool.v.view(layers, -1, n_kv, hd)[:, start : start + run.tokens]
-            else:
-                count = max(1, min(DECODE_WINDOWS, run.tokens // DECODE_WINDOW_MIN_TOKENS))
-                windows = run_windows(pool.k, pool.v, run, count)
-        kernel_windows = max(1, min(KERNEL_WINDOWS, (run.tokens if run else 0) // KERNEL_WINDOW_MIN_TOKENS))
+            count = max(1, min(DECODE_WINDOWS, run.tokens // DECODE_WINDOW_MIN_TOKENS))
+            windows = run_windows(pool.k, pool.v, run, count)
         eps = spec.rms_norm_eps
         kernels = self._kernels
         norm = _rms_norm
@@ -225,10 +216,8 @@ class LlamaModel:
             k_slots[index].index_copy_(0, batch.slots, qk[:, n_q:].reshape(rows, n_kv * hd))
             v_slots[index].index_copy_(0, batch.slots, qkv[:, qk_width:])
             q = qk[:, :n_q]
-            if run_keys is not None and run_values is not None and kernels is not None and run:
-                attn = kernels.decode_attention(
-                    q.contiguous(), run_keys[index], run_values[index], run.tokens, kernel_windows
-                )
+            if plan.segments is not None and kernels is not None:
+                attn = kernels.decode_attention(q.contiguous(), pool.k[index], pool.v[index], plan.segments)
             elif windows is not None:
                 attn = windowed_attention(q, windows.keys[index], windows.values[index], windows.mask)
             else:
@@ -263,7 +252,10 @@ class LlamaModel:
         if plan is None and len(batch.prefills) == 1:
             return prefill_attention(q, k, v, k_pages, v_pages, batch.prefills[0].prefix)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
-        if plan is not None:
+        if plan is not None and plan.segments is not None and self._kernels is not None:
+            decoding = q[: plan.count].contiguous()
+            out[: plan.count] = self._kernels.decode_attention(decoding, k_pages, v_pages, plan.segments)
+        elif plan is not None:
             out[: plan.count] = decode_attention(q[: plan.count], k_pages, v_pages, plan)
         for seg in batch.prefills:
             rows = slice(seg.start, seg.start + seg.length)

@@ -21,6 +21,7 @@ from adapters.local.attention import (
     ScatteredPages,
     SharedRun,
     page_runs,
+    segments,
     split_runs,
 )
 from adapters.local.kv_pool import KVPool
@@ -103,6 +104,11 @@ class ModelRunner:
         single call; long runs of a sequence's own are attended in place, one call each; the
         short rest of every sequence is gathered into one padded call."""
         ps = self.page_size
+        if self.model.attends_in_kernel:
+            contexts = [(s.pages, s.num_computed + 1) for s in seqs]
+            return DecodePlan(
+                count=len(seqs), runs=[], gathered=None, merge=False, segments=segments(contexts, ps)
+            )
         firsts = [page_runs(s.pages, s.num_computed + 1, ps)[0] for s in seqs]
         by_start: dict[int, list[int]] = defaultdict(list)
         for i, run in enumerate(firsts):

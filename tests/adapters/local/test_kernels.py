@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from gguf.quants import dequantize, quantize
 
 from adapters.local import kernels as kernels_module
+from adapters.local.attention import segments
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.linear import (
@@ -91,26 +92,38 @@ def test_q8_linear_matches_the_dense_product(kernels: CpuKernels) -> None:
         torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize(("rows", "tokens", "windows"), [(1, 2200, 16), (1, 17, 4), (3, 700, 8), (2, 1, 16)])
-def test_decode_attention_matches_sdpa(kernels: CpuKernels, rows: int, tokens: int, windows: int) -> None:
-    heads, kv_heads, dim = 9, 3, 64
-    pool_k, pool_v = torch.randn(tokens + 40, kv_heads, dim), torch.randn(tokens + 40, kv_heads, dim)
-    keys, values = pool_k[20 : 20 + tokens], pool_v[20 : 20 + tokens]  # a run inside the pool
-    q = torch.randn(rows, heads, dim)
-    out = kernels.decode_attention(q, keys, values, tokens, windows)
-    expected = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        keys.transpose(0, 1).unsqueeze(0),
-        values.transpose(0, 1).unsqueeze(0),
-        enable_gqa=True,
-    )
-    torch.testing.assert_close(out, expected.squeeze(0).transpose(0, 1).reshape(rows, heads * dim))
+@pytest.mark.parametrize(
+    "lengths",
+    [[2200], [17], [700, 700, 700], [1, 300], [16, 33, 129, 5, 260, 1, 48, 97, 150, 2, 3, 4, 5, 6, 7, 8]],
+)
+def test_decode_attention_matches_sdpa_over_each_rows_pages(kernels: CpuKernels, lengths: list[int]) -> None:
+    heads, kv_heads, dim, page_size = 9, 3, 64, 16
+    needed = [-(-n // page_size) for n in lengths]
+    pool_k = torch.randn(sum(needed) + 8, page_size, kv_heads, dim)
+    pool_v = torch.randn(sum(needed) + 8, page_size, kv_heads, dim)
+    # Scattered page tables: runs of consecutive pages broken at random, as a busy pool leaves them.
+    order = torch.randperm(pool_k.shape[0], generator=torch.Generator().manual_seed(len(lengths))).tolist()
+    tables, taken = [], 0
+    for count in needed:
+        pages = sorted(order[taken : taken + count]) if count % 2 else order[taken : taken + count]
+        tables.append(pages)
+        taken += count
+    plan = segments(list(zip(tables, lengths, strict=True)), page_size)
+    q = torch.randn(len(lengths), heads, dim)
+    out = kernels.decode_attention(q, pool_k, pool_v, plan)
+    for row, (pages, tokens) in enumerate(zip(tables, lengths, strict=True)):
+        keys = pool_k[pages].view(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
+        values = pool_v[pages].view(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
+        expected = F.scaled_dot_product_attention(
+            q[row].unsqueeze(1).unsqueeze(0), keys, values, enable_gqa=True
+        )
+        torch.testing.assert_close(out[row], expected.reshape(heads * dim))
 
 
 def test_decode_attention_refuses_a_head_dimension_it_does_not_handle(kernels: CpuKernels) -> None:
-    keys = torch.randn(10, 2, 32)
+    pool = torch.randn(2, 16, 2, 32)
     with pytest.raises(RuntimeError, match="bad shape"):
-        kernels.decode_attention(torch.randn(1, 4, 32), keys, keys, 10, 2)
+        kernels.decode_attention(torch.randn(1, 4, 32), pool, pool, segments([([0], 10)], 16))
 
 
 def test_rms_norm_matches_the_torch_formula(kernels: CpuKernels) -> None:
