@@ -91,3 +91,10 @@ def parse_prometheus(text: str, names: Iterable[str]) -> dict[str, float]:
             continue
         found[name] = found.get(name, 0.0) + value
     return found
+
+
+@runtime_checkable
+class LoadsInProcess(Protocol):
+    async def start(self) -> None:
+        """Load the engine in this process (the embedded one: seconds, longer than a health
+        check's timeout); idempotent."""

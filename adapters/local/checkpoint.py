@@ -3,7 +3,7 @@
 Reading a GGUF is slow in pure Python (the vocabulary arrays alone take seconds, dequantizing
 more), so the first start writes `<cache_dir>/<sha256 of the GGUF>.<CACHE_LAYOUT>/`:
 
-    model.safetensors   weights in our fused layout (see gguf_convert): fp32, Q4_1 ones packed
+    model.safetensors   weights in our fused layout (see gguf_convert): fp32, Q4_1 ones also packed
     tokenizer.json      the `tokenizers` vocabulary, pre-tokenizer and special tokens
     meta.json           ModelSpec + SpecialTokens
 
@@ -30,7 +30,7 @@ from adapters.local.gguf_convert import ModelSpec, read_gguf
 from adapters.local.tokenizer import SpecialTokens, build_tokenizer
 
 _HASH_CHUNK = 1 << 22
-CACHE_LAYOUT = "v4"
+CACHE_LAYOUT = "v5"
 """Bumped whenever gguf_convert changes the tensors it writes, so old conversions are not reused."""
 
 

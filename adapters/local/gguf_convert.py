@@ -11,8 +11,9 @@ Decisions:
 - Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two,
   and every matrix is stored transposed (`[in, out]`, see `_t`). A tied embedding is stored once,
   as the transposed head; the model looks tokens up in its columns.
-- A fused layer matrix whose parts are all Q4_1 stays packed (`<name>.qs/.scale/.offset`, see
-  `linear.Q4Linear`): 0.75 bytes per weight, run by a kernel that reads the packed bytes; so does
+- A fused layer matrix whose parts are all Q4_1 is also kept packed (`<name>.qs/.scale/.offset`
+  beside `<name>_t`, see `linear.Q4Linear`): 0.75 bytes per weight, run by a kernel that reads the
+  packed bytes for decode steps of a few rows; so does
   a Q8_0 head (`lm_head.qs/.scale`, `linear.Q8Linear`). The model unpacks them to the same fp32
   values `gguf` gives where those kernels cannot run.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
 
 from adapters.local.config import UnsupportedModelError
+from adapters.local.linear import dequantize_q4_1
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 # Names of `gguf.GGMLQuantizationType` members: `gguf` is imported only to convert a file, so a warm
@@ -218,6 +220,10 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
                 packed = [_q4_1_parts(parts[name], heads) for name, heads in members]  # type: ignore[arg-type]
                 for index, part in enumerate(("qs", "scale", "offset")):
                     out[f"{key}.{part}"] = torch.cat([p[index] for p in packed], dim=0)
+                # The fp32 copy too, so a start reads it instead of unpacking 100M+ weights again.
+                out[f"{key}_t"] = _t(
+                    dequantize_q4_1(*(out[f"{key}.{part}"] for part in ("qs", "scale", "offset")))
+                )
                 continue
             dense = []
             for name, heads in members:

@@ -149,9 +149,9 @@ def dequantize_q4_1(qs: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor)
 def build_linear(
     tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype, kernel: CpuKernels | None
 ) -> Linear:
-    """The weight `name` from a checkpoint: packed (Q4_1 `{name}.qs/.scale/.offset`, Q8_0
-    `{name}.qs/.scale`) when it is and the kernels run in this dtype, else dense in `dtype`
-    (`{name}_t`, or the packed one unpacked)."""
+    """The weight `name` from a checkpoint: dense in `dtype` (`{name}_t`), with its Q4_1 packing
+    (`{name}.qs/.scale/.offset`) when the checkpoint has it and the kernels run in this dtype; a
+    Q8_0 matrix (`{name}.qs/.scale`, no dense copy) packed, or unpacked where the kernels do not run."""
     if f"{name}.qs" not in tensors:
         return DenseLinear(tensors[f"{name}_t"].to(dtype).contiguous())
     if f"{name}.offset" not in tensors:  # Q8_0
@@ -160,7 +160,7 @@ def build_linear(
             return Q8Linear(qs=q8, scale=q8_scale, kernel=kernel)
         return DenseLinear(dequantize_q8_0(q8, q8_scale).t().to(dtype).contiguous())
     qs, scale, offset = (tensors[f"{name}.{part}"].contiguous() for part in ("qs", "scale", "offset"))
-    weight_t = dequantize_q4_1(qs, scale, offset).t().to(dtype).contiguous()
+    weight_t = tensors[f"{name}_t"].to(dtype).contiguous()
     if kernel is not None and dtype == torch.float32:
         return Q4Linear(qs=qs, scale=scale, offset=offset, weight_t=weight_t, kernel=kernel)
     return DenseLinear(weight_t)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import Tracer
 
 from adapters.base import Engine, EngineRequest
-from adapters.engine_metrics import FlushesCache
+from adapters.engine_metrics import FlushesCache, LoadsInProcess
 from adapters.errors import EngineOverloaded
 from adapters.schema import Usage
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, PoolSettings, WorkerSpec
@@ -206,9 +206,11 @@ class WorkerPool:
         return states
 
     async def start(self) -> None:
-        """Load the routing tokenizers and check every worker once (so readiness is known when serving
-        starts), then keep checking."""
-        await asyncio.gather(asyncio.to_thread(self.prompts.load), self.health.check_all())
+        """Load in-process engines and the routing tokenizers, check every worker once (so readiness
+        is known when serving starts), then keep checking. An embedded engine's load is awaited
+        here, not inside the first check, whose timeout would mark it down until the next round."""
+        await asyncio.gather(asyncio.to_thread(self.prompts.load), *map(_preload, self._workers.values()))
+        await self.health.check_all()
         self.health.start()
 
     async def aclose(self) -> None:
@@ -294,3 +296,10 @@ class WorkerPool:
             logger.warning("worker %s closed with %d requests still in flight", worker.id, worker.in_flight)
             with contextlib.suppress(Exception):
                 self.finish_drain(worker)
+
+
+async def _preload(worker: Worker) -> None:
+    if isinstance(worker.engine, LoadsInProcess):
+        # A load that fails shows as an unhealthy worker (the health check tries again and logs why).
+        with contextlib.suppress(Exception):
+            await worker.engine.start()
