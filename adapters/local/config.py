@@ -100,8 +100,9 @@ class LocalEngineConfig:
     """Where converted weights live, keyed by the GGUF's sha256. None: `$RADIXGATE_CACHE_DIR`,
     else `~/.cache/radixgate/weights`."""
     quantized_matmul: bool = True
-    """Keep Q4_1 layer weights packed and multiply them with the compiled kernel (`kernels`),
-    where it builds and the dtype is float32; False, or where it cannot: dense fp32 weights."""
+    """Run the decode step in the compiled C kernels (`kernels`): products of a few rows straight
+    from Q4_1/Q8_0-packed weights, attention over each row's pages, RMSNorm; where they build and
+    the dtype is float32. False, or where they cannot: dense weights and torch's attention."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None

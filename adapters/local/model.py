@@ -98,8 +98,8 @@ class LlamaModel:
         dtype: torch.dtype,
         kernel: CpuKernels | None = None,
     ) -> None:
-        """`kernel`: runs Q4_1-packed matrices as they are (see `linear`); None: they are unpacked
-        into dense weights of `dtype`."""
+        """`kernel`: the C kernels for decode steps (packed products, see `linear`; attention;
+        RMSNorm), used in float32 only; None: dense weights and torch ops throughout."""
         self.spec = spec
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
