@@ -30,7 +30,7 @@ from adapters.local.gguf_convert import ModelSpec, read_gguf
 from adapters.local.tokenizer import SpecialTokens, build_tokenizer
 
 _HASH_CHUNK = 1 << 22
-CACHE_LAYOUT = "v5"
+CACHE_LAYOUT = "v6"
 """Bumped whenever gguf_convert changes the tensors it writes, so old conversions are not reused."""
 
 

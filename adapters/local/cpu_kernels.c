@@ -1,14 +1,10 @@
 /* The embedded engine's C kernels (built and loaded by kernels.py): matrix products straight from
-   GGUF Q4_1 weights, and decode attention over one run of KV pages.
+   GGUF Q4_1 and Q8_0 weights, decode attention over each row's KV pages, and RMSNorm.
 
    A Q4_1 block holds 32 consecutive weights of one row as 4-bit integers q (0..15), a scale d and
-   an offset m: w = d * q + m. The weights stay packed (0.75 bytes per weight with fp32 d and m,
-   against 4 for fp32): a decode step reads every weight once, so its matmuls run at memory
-   speed, and fewer bytes are faster.
-
-   Layout (the caller's tensors): qs [N, K/2] bytes, block g of row n at qs[n][16g..16g+15], byte j
-   holding element j in its low nibble and element j + 16 in its high nibble (GGUF's order);
-   d, m [N, K/32] fp32.
+   an offset m: w = d * q + m; a Q8_0 block 32 int8 q and a scale: w = d * q. The weights stay
+   packed (0.75 and 1.125 bytes per weight with fp32 scales, against 4 for fp32) in a layout
+   interleaved by 16 outputs (see the products' section), which `linear.py` builds from GGUF's.
 
    The kernels use AVX-512F, chosen per function (`target`), so the file builds with any x86-64
    compiler flags; `cpu_kernels_supported` tells whether this CPU runs them. Threads: OpenMP, linked to
@@ -21,7 +17,6 @@
 #include <string.h>
 
 #define BLOCK 32
-#define ROWS 4 /* input rows sharing one unpacked block */
 
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
@@ -29,114 +24,6 @@
 int cpu_kernels_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
-}
-
-/* One block's 32 weights as floats: lo = elements 0..15, hi = elements 16..31 (still 0..15). */
-AVX512 INLINE void unpack(const uint8_t *q, __m512 *lo, __m512 *hi) {
-    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
-    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-}
-
-/* Output n of `rows` (<= ROWS) input rows. Per block, d * (q . x) and m * sum(x) are two
-   independent accumulator chains; `pairs` holds x[i] + x[i + 16] per block, so the offset term
-   is one vector FMA, not a scalar tail per output. */
-AVX512 INLINE void output_rows(const float *x, int ldx, const float *pairs, int K, const uint8_t *q,
-                               const float *d, const float *m, float *y, int ldy, int accumulate,
-                               const int rows) {
-    __m512 scaled[ROWS], offset[ROWS];
-    for (int r = 0; r < ROWS; r++) {
-        scaled[r] = _mm512_setzero_ps();
-        offset[r] = _mm512_setzero_ps();
-    }
-    for (int g = 0; g < K / BLOCK; g++) {
-        __m512 lo, hi;
-        unpack(q + g * 16, &lo, &hi);
-        __m512 dg = _mm512_set1_ps(d[g]), mg = _mm512_set1_ps(m[g]);
-        for (int r = 0; r < rows; r++) {
-            const float *xr = x + (size_t)r * ldx + g * BLOCK;
-            __m512 dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xr)));
-            scaled[r] = _mm512_fmadd_ps(dot, dg, scaled[r]);
-            offset[r] = _mm512_fmadd_ps(_mm512_loadu_ps(pairs + (size_t)r * (K / 2) + g * 16), mg, offset[r]);
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        float sum = _mm512_reduce_add_ps(_mm512_add_ps(scaled[r], offset[r]));
-        float *out = y + (size_t)r * ldy;
-        *out = accumulate ? *out + sum : sum;
-    }
-}
-
-/* y[r][n] (+)= sum_k x[r][k] * w[n][k] for r < M, n < N; x rows ldx floats apart, y rows ldy.
-   Returns 0, or -1 when out of memory (nothing written). */
-AVX512 int q4_1_matmul(const float *x, int ldx, int M, int K, const uint8_t *qs, const float *d,
-                       const float *m, int N, float *y, int ldy, int accumulate, int threads) {
-    const int groups = K / BLOCK, half = K / 2;
-    float *pairs = malloc(sizeof(float) * (size_t)M * half);
-    if (pairs == NULL) return -1;
-    for (int r = 0; r < M; r++)
-        for (int g = 0; g < groups; g++)
-            for (int i = 0; i < 16; i++)
-                pairs[(size_t)r * half + g * 16 + i] =
-                    x[(size_t)r * ldx + g * BLOCK + i] + x[(size_t)r * ldx + g * BLOCK + 16 + i];
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t *q = qs + (size_t)n * half;
-        const float *dn = d + (size_t)n * groups, *mn = m + (size_t)n * groups;
-        for (int r0 = 0; r0 < M; r0 += ROWS) {
-            const float *xr = x + (size_t)r0 * ldx, *pr = pairs + (size_t)r0 * half;
-            float *yr = y + (size_t)r0 * ldy + n;
-            /* A constant row count per call site, so the accumulators live in registers. */
-            switch (M - r0 < ROWS ? M - r0 : ROWS) {
-            case 1: output_rows(xr, ldx, pr, K, q, dn, mn, yr, ldy, accumulate, 1); break;
-            case 2: output_rows(xr, ldx, pr, K, q, dn, mn, yr, ldy, accumulate, 2); break;
-            case 3: output_rows(xr, ldx, pr, K, q, dn, mn, yr, ldy, accumulate, 3); break;
-            default: output_rows(xr, ldx, pr, K, q, dn, mn, yr, ldy, accumulate, 4); break;
-            }
-        }
-    }
-    free(pairs);
-    return 0;
-}
-
-/* ---- Q8_0: w = d * q, q int8, one fp32 scale d per block of 32 (GGUF's embedding tables) ---- */
-
-AVX512 INLINE void q8_output_rows(const float *x, int ldx, int K, const int8_t *q, const float *d, float *y,
-                                  int ldy, const int rows) {
-    __m512 acc[ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-    for (int g = 0; g < K / BLOCK; g++) {
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + g * BLOCK))));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + g * BLOCK + 16))));
-        __m512 dg = _mm512_set1_ps(d[g]);
-        for (int r = 0; r < rows; r++) {
-            const float *xr = x + (size_t)r * ldx + g * BLOCK;
-            __m512 dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xr)));
-            acc[r] = _mm512_fmadd_ps(dot, dg, acc[r]);
-        }
-    }
-    for (int r = 0; r < rows; r++) y[(size_t)r * ldy] = _mm512_reduce_add_ps(acc[r]);
-}
-
-/* y[r][n] = sum_k x[r][k] * w[n][k]: qs [N, K] int8, d [N, K/32] fp32. */
-AVX512 void q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qs, const float *d, int N, float *y,
-                        int ldy, int threads) {
-    const int groups = K / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const int8_t *q = qs + (size_t)n * K;
-        const float *dn = d + (size_t)n * groups;
-        for (int r0 = 0; r0 < M; r0 += ROWS) {
-            const float *xr = x + (size_t)r0 * ldx;
-            float *yr = y + (size_t)r0 * ldy + n;
-            switch (M - r0 < ROWS ? M - r0 : ROWS) {
-            case 1: q8_output_rows(xr, ldx, K, q, dn, yr, ldy, 1); break;
-            case 2: q8_output_rows(xr, ldx, K, q, dn, yr, ldy, 2); break;
-            case 3: q8_output_rows(xr, ldx, K, q, dn, yr, ldy, 3); break;
-            default: q8_output_rows(xr, ldx, K, q, dn, yr, ldy, 4); break;
-            }
-        }
-    }
 }
 
 /* ---- Decode attention: each decode row over its own KV pages ----
@@ -175,6 +62,31 @@ AVX512 INLINE __m512 exp_nonpositive(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* The scores of one query (q, 4 registers of 16 dimensions) against 16 consecutive tokens: each
+   token's 64 products are summed down to 16 lanes by FMAs, then the 16 registers are summed
+   across lanes together, in a tree of unpacks and shuffles (45 operations instead of 16 separate
+   horizontal sums, whose dependent steps made the loop latency-bound). Lane t holds token t. */
+AVX512 INLINE __m512 scores16(const __m512 *q, const float *k, int ts) {
+    __m512 part[16];
+    for (int t = 0; t < 16; t++) {
+        const float *kt = k + (size_t)t * ts;
+        __m512 d = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(kt + 16), _mm512_mul_ps(q[0], _mm512_loadu_ps(kt)));
+        part[t] = _mm512_fmadd_ps(q[3], _mm512_loadu_ps(kt + 48), _mm512_fmadd_ps(q[2], _mm512_loadu_ps(kt + 32), d));
+    }
+    /* Per 128-bit lane: pairs of tokens, then fours ([t0, t1, t2, t3] of that lane's sums). */
+    __m512 pairs[8], fours[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(part[2 * i], part[2 * i + 1]),
+                                 _mm512_unpackhi_ps(part[2 * i], part[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        fours[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                                 _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+    /* Across the four 128-bit lanes: lane j of the result holds tokens 4j..4j+3. */
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(fours[0], fours[1], 0x88), _mm512_shuffle_f32x4(fours[0], fours[1], 0xDD));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(fours[2], fours[3], 0x88), _mm512_shuffle_f32x4(fours[2], fours[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+
 /* Queries qs[0..nq) (nq <= 4, 64 floats each) over tokens [0, n) of one KV head: fills stats and
    the unnormalized outputs acc[nq][64]; scores is n * nq floats of scratch. */
 AVX512 INLINE void attend_block(const float *qs, const int nq, const float *k, const float *v, int ts, int n,
@@ -182,7 +94,10 @@ AVX512 INLINE void attend_block(const float *qs, const int nq, const float *k, c
     __m512 qv[QUERY_BLOCK][4];
     for (int i = 0; i < nq; i++)
         for (int c = 0; c < 4; c++) qv[i][c] = _mm512_mul_ps(_mm512_loadu_ps(qs + i * HEAD_DIM + c * 16), _mm512_set1_ps(scale));
-    for (int t = 0; t < n; t++) {
+    const int whole = n - n % 16;
+    for (int i = 0; i < nq; i++)
+        for (int t = 0; t < whole; t += 16) _mm512_storeu_ps(scores + (size_t)i * n + t, scores16(qv[i], k + (size_t)t * ts, ts));
+    for (int t = whole; t < n; t++) {
         const float *kt = k + (size_t)t * ts;
         __m512 k0 = _mm512_loadu_ps(kt), k1 = _mm512_loadu_ps(kt + 16), k2 = _mm512_loadu_ps(kt + 32),
                k3 = _mm512_loadu_ps(kt + 48);
@@ -323,4 +238,252 @@ AVX512 void rms_norm(const float *x, int ldx, int M, int K, const float *w, floa
             _mm512_storeu_ps(yr + c, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + c), factor),
                                                    _mm512_loadu_ps(w + c)));
     }
+}
+
+/* ---- Q4_1 interleaved by 16 outputs: products of any number of rows ----
+
+   The same Q4_1 values laid out so that one 16-byte load holds two consecutive k of 16 outputs:
+   qi [N/16][K/2][16], byte j of pair p of group G = q[16G + j][2p] | q[16G + j][2p + 1] << 4;
+   d, m [N/16][K/32][16]. A tile keeps 16 outputs of each of its rows in one register, every weight
+   unpacked once serves all of the tile's rows, and outputs leave as vector stores: no horizontal
+   sums. Rows are multiplied in tiles of 16 (many rows: the weights are dequantized to fp32 in
+   registers, w = d * q + m exactly as `gguf` computes it, then one FMA per row and weight) or of
+   up to 4 rows over two groups (few rows, memory-bound: the scale and offset are applied once per
+   block and row, d * sum(q x) + m * sum(x), so a weight costs one FMA and its unpacking). */
+
+#define GROUP 16
+#define MANY_ROWS 16
+#define FEW_ROWS 4
+#define FEW_GROUPS 2
+
+/* x's rows in tiles of 16, transposed: xt[t][k][i] = x[16t + i][k] (zero past M), so a tile's 16
+   values of one k share a cache line and the tile reads x front to back. */
+static float *transpose_tiles(const float *x, int ldx, int M, int K) {
+    const int tiles = (M + MANY_ROWS - 1) / MANY_ROWS;
+    float *xt = calloc((size_t)tiles * K * MANY_ROWS, sizeof(float));
+    if (xt == NULL) return NULL;
+    for (int r = 0; r < M; r++) {
+        float *dst = xt + (size_t)(r / MANY_ROWS) * K * MANY_ROWS + r % MANY_ROWS;
+        const float *src = x + (size_t)r * ldx;
+        for (int k = 0; k < K; k++) dst[(size_t)k * MANY_ROWS] = src[k];
+    }
+    return xt;
+}
+
+/* `rows` (<= 16) rows times the 16 outputs of one group. */
+AVX512 INLINE void tile_many(const float *xt, int K, const uint8_t *q, const float *d, const float *m, float *y,
+                             int ldy, int accumulate, const int rows) {
+    __m512 acc[MANY_ROWS];
+    for (int r = 0; r < MANY_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < K / BLOCK; b++) {
+        const __m512 db = _mm512_loadu_ps(d + (size_t)b * GROUP), mb = _mm512_loadu_ps(m + (size_t)b * GROUP);
+        for (int p = 0; p < BLOCK / 2; p++) {
+            const int k = b * BLOCK + 2 * p;
+            __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + (size_t)k * (GROUP / 2))));
+            __m512 w0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15))), db), mb);
+            __m512 w1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), db), mb);
+            const float *x0 = xt + (size_t)k * MANY_ROWS, *x1 = x0 + MANY_ROWS;
+            for (int r = 0; r < rows; r++) {
+                acc[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x0[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x1[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *out = y + (size_t)r * ldy;
+        __m512 sum = accumulate ? _mm512_add_ps(acc[r], _mm512_loadu_ps(out)) : acc[r];
+        _mm512_storeu_ps(out, sum);
+    }
+}
+
+/* `rows` (<= 4) rows times the 32 outputs of two groups; `sums` [rows][K/32]: each block's sum of x. */
+AVX512 INLINE void tile_few(const float *x, int ldx, const float *sums, int K, const uint8_t *q, const float *d,
+                            const float *m, size_t group_bytes, size_t group_scales, float *y, int ldy,
+                            int accumulate, const int rows) {
+    const int blocks = K / BLOCK;
+    __m512 total[FEW_ROWS][FEW_GROUPS];
+    for (int r = 0; r < FEW_ROWS; r++)
+        for (int g = 0; g < FEW_GROUPS; g++) total[r][g] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        __m512 dot[FEW_ROWS][FEW_GROUPS];
+        for (int r = 0; r < FEW_ROWS; r++)
+            for (int g = 0; g < FEW_GROUPS; g++) dot[r][g] = _mm512_setzero_ps();
+        for (int p = 0; p < BLOCK / 2; p++) {
+            const int k = b * BLOCK + 2 * p;
+            for (int g = 0; g < FEW_GROUPS; g++) {
+                __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(q + g * group_bytes + (size_t)k * (GROUP / 2))));
+                __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+                __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+                for (int r = 0; r < rows; r++) {
+                    const float *xr = x + (size_t)r * ldx + k;
+                    dot[r][g] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[0]), dot[r][g]);
+                    dot[r][g] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[1]), dot[r][g]);
+                }
+            }
+        }
+        for (int g = 0; g < FEW_GROUPS; g++) {
+            const __m512 db = _mm512_loadu_ps(d + g * group_scales + (size_t)b * GROUP);
+            const __m512 mb = _mm512_loadu_ps(m + g * group_scales + (size_t)b * GROUP);
+            for (int r = 0; r < rows; r++) {
+                total[r][g] = _mm512_fmadd_ps(dot[r][g], db, total[r][g]);
+                total[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(sums[(size_t)r * blocks + b]), mb, total[r][g]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < FEW_GROUPS; g++) {
+            float *out = y + (size_t)r * ldy + g * GROUP;
+            __m512 sum = accumulate ? _mm512_add_ps(total[r][g], _mm512_loadu_ps(out)) : total[r][g];
+            _mm512_storeu_ps(out, sum);
+        }
+}
+
+/* y[r][n] (+)= sum_k x[r][k] * w[n][k] for the interleaved layout above; N a multiple of 32 when
+   M <= 4, of 16 otherwise. Returns 0, -1 out of memory, -2 on a shape it does not take. */
+AVX512 int q4_1_matmul(const float *x, int ldx, int M, int K, const uint8_t *qi, const float *d, const float *m,
+                        int N, float *y, int ldy, int accumulate, int threads) {
+    const size_t group_bytes = (size_t)K * (GROUP / 2), group_scales = (size_t)(K / BLOCK) * GROUP;
+    if (M <= 0) return 0; /* a chunk with no row giving logits leaves the last layer none */
+    if (M <= FEW_ROWS) {
+        if (N % (GROUP * FEW_GROUPS) != 0) return -2;
+        const int blocks = K / BLOCK;
+        float sums[FEW_ROWS * 512];
+        if (blocks > 512) return -2;
+        for (int r = 0; r < M; r++)
+            for (int b = 0; b < blocks; b++) {
+                __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + (size_t)r * ldx + b * BLOCK),
+                                         _mm512_loadu_ps(x + (size_t)r * ldx + b * BLOCK + 16));
+                sums[r * blocks + b] = _mm512_reduce_add_ps(s);
+            }
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int G = 0; G < N / GROUP; G += FEW_GROUPS) {
+            const uint8_t *q = qi + (size_t)G * group_bytes;
+            const float *dg = d + (size_t)G * group_scales, *mg = m + (size_t)G * group_scales;
+            float *yg = y + (size_t)G * GROUP;
+            switch (M) {
+            case 1: tile_few(x, ldx, sums, K, q, dg, mg, group_bytes, group_scales, yg, ldy, accumulate, 1); break;
+            case 2: tile_few(x, ldx, sums, K, q, dg, mg, group_bytes, group_scales, yg, ldy, accumulate, 2); break;
+            case 3: tile_few(x, ldx, sums, K, q, dg, mg, group_bytes, group_scales, yg, ldy, accumulate, 3); break;
+            default: tile_few(x, ldx, sums, K, q, dg, mg, group_bytes, group_scales, yg, ldy, accumulate, 4); break;
+            }
+        }
+        return 0;
+    }
+    if (N % GROUP != 0) return -2;
+    float *xt = transpose_tiles(x, ldx, M, K);
+    if (xt == NULL) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int G = 0; G < N / GROUP; G++) {
+        const uint8_t *q = qi + (size_t)G * group_bytes;
+        const float *dg = d + (size_t)G * group_scales, *mg = m + (size_t)G * group_scales;
+        for (int r0 = 0; r0 < M; r0 += MANY_ROWS) {
+            const float *xr = xt + (size_t)r0 * K;
+            float *yr = y + (size_t)r0 * ldy + (size_t)G * GROUP;
+            const int rows = M - r0 < MANY_ROWS ? M - r0 : MANY_ROWS;
+            switch (rows) {
+#define TILE_CASE(n) case n: tile_many(xr, K, q, dg, mg, yr, ldy, accumulate, n); break;
+            TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
+            TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12) TILE_CASE(13) TILE_CASE(14)
+            TILE_CASE(15) default: tile_many(xr, K, q, dg, mg, yr, ldy, accumulate, 16); break;
+#undef TILE_CASE
+            }
+        }
+    }
+    free(xt);
+    return 0;
+}
+
+/* ---- Q8_0 interleaved by 16 outputs: qi [N/16][K][16] int8, d [N/16][K/32][16] ---- */
+
+AVX512 INLINE __m512 q8_values(const int8_t *q) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+}
+
+/* `rows` (<= 16) rows times one group of 16 outputs, w = d * q dequantized in registers. */
+AVX512 INLINE void q8_tile_many(const float *xt, int K, const int8_t *q, const float *d, float *y, int ldy,
+                                const int rows) {
+    __m512 acc[MANY_ROWS];
+    for (int r = 0; r < MANY_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < K / BLOCK; b++) {
+        const __m512 db = _mm512_loadu_ps(d + (size_t)b * GROUP);
+        for (int i = 0; i < BLOCK; i++) {
+            const int k = b * BLOCK + i;
+            const __m512 w = _mm512_mul_ps(q8_values(q + (size_t)k * GROUP), db);
+            const float *xk = xt + (size_t)k * MANY_ROWS;
+            for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xk[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, acc[r]);
+}
+
+/* `rows` (<= 4) rows times two groups: d * sum(q x) per block and row. */
+AVX512 INLINE void q8_tile_few(const float *x, int ldx, int K, const int8_t *q, const float *d, size_t group_bytes,
+                               size_t group_scales, float *y, int ldy, const int rows) {
+    __m512 total[FEW_ROWS][FEW_GROUPS];
+    for (int r = 0; r < FEW_ROWS; r++)
+        for (int g = 0; g < FEW_GROUPS; g++) total[r][g] = _mm512_setzero_ps();
+    for (int b = 0; b < K / BLOCK; b++) {
+        __m512 dot[FEW_ROWS][FEW_GROUPS];
+        for (int r = 0; r < FEW_ROWS; r++)
+            for (int g = 0; g < FEW_GROUPS; g++) dot[r][g] = _mm512_setzero_ps();
+        for (int i = 0; i < BLOCK; i++) {
+            const int k = b * BLOCK + i;
+            for (int g = 0; g < FEW_GROUPS; g++) {
+                const __m512 w = q8_values(q + g * group_bytes + (size_t)k * GROUP);
+                for (int r = 0; r < rows; r++)
+                    dot[r][g] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(size_t)r * ldx + k]), dot[r][g]);
+            }
+        }
+        for (int g = 0; g < FEW_GROUPS; g++) {
+            const __m512 db = _mm512_loadu_ps(d + g * group_scales + (size_t)b * GROUP);
+            for (int r = 0; r < rows; r++) total[r][g] = _mm512_fmadd_ps(dot[r][g], db, total[r][g]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < FEW_GROUPS; g++) _mm512_storeu_ps(y + (size_t)r * ldy + g * GROUP, total[r][g]);
+}
+
+/* y[r][n] = sum_k x[r][k] * w[n][k] for the interleaved Q8_0 layout; N a multiple of 32.
+   Returns 0, or -2 on a shape it does not take. */
+AVX512 int q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qi, const float *d, int N, float *y,
+                        int ldy, int threads) {
+    const size_t group_bytes = (size_t)K * GROUP, group_scales = (size_t)(K / BLOCK) * GROUP;
+    if (N % (GROUP * FEW_GROUPS) != 0 || K % BLOCK != 0) return -2;
+    if (M <= 0) return 0;
+    if (M <= FEW_ROWS) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int G = 0; G < N / GROUP; G += FEW_GROUPS) {
+            const int8_t *q = qi + (size_t)G * group_bytes;
+            const float *dg = d + (size_t)G * group_scales;
+            float *yg = y + (size_t)G * GROUP;
+            switch (M) {
+            case 1: q8_tile_few(x, ldx, K, q, dg, group_bytes, group_scales, yg, ldy, 1); break;
+            case 2: q8_tile_few(x, ldx, K, q, dg, group_bytes, group_scales, yg, ldy, 2); break;
+            case 3: q8_tile_few(x, ldx, K, q, dg, group_bytes, group_scales, yg, ldy, 3); break;
+            default: q8_tile_few(x, ldx, K, q, dg, group_bytes, group_scales, yg, ldy, 4); break;
+            }
+        }
+        return 0;
+    }
+    float *xt = transpose_tiles(x, ldx, M, K);
+    if (xt == NULL) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int G = 0; G < N / GROUP; G++) {
+        const int8_t *q = qi + (size_t)G * group_bytes;
+        const float *dg = d + (size_t)G * group_scales;
+        for (int r0 = 0; r0 < M; r0 += MANY_ROWS) {
+            const float *xr = xt + (size_t)r0 * K;
+            float *yr = y + (size_t)r0 * ldy + (size_t)G * GROUP;
+            switch (M - r0 < MANY_ROWS ? M - r0 : MANY_ROWS) {
+#define TILE_CASE(n) case n: q8_tile_many(xr, K, q, dg, yr, ldy, n); break;
+            TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
+            TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12) TILE_CASE(13) TILE_CASE(14)
+            TILE_CASE(15) default: q8_tile_many(xr, K, q, dg, yr, ldy, 16); break;
+#undef TILE_CASE
+            }
+        }
+    }
+    free(xt);
+    return 0;
 }

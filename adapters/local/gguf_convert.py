@@ -11,11 +11,13 @@ Decisions:
 - Q/K/V and gate/up are fused into one matrix each, so one matmul does the work of three or two,
   and every matrix is stored transposed (`[in, out]`, see `_t`). A tied embedding is stored once,
   as the transposed head; the model looks tokens up in its columns.
-- A fused layer matrix whose parts are all Q4_1 is also kept packed (`<name>.qs/.scale/.offset`
-  beside `<name>_t`, see `linear.Q4Linear`): 0.75 bytes per weight, run by a kernel that reads the
-  packed bytes for decode steps of a few rows; so does
-  a Q8_0 head (`lm_head.qs/.scale`, `linear.Q8Linear`). The model unpacks them to the same fp32
-  values `gguf` gives where those kernels cannot run.
+- A fused layer matrix whose parts are all Q4_1 is also kept packed (`<name>.packed/.scale/.offset`
+  beside `<name>_t`, see `linear.Q4Linear`): 0.75 bytes per weight, interleaved by 16 outputs for
+  the kernel that multiplies decode batches and short chunks; so is a Q8_0 head
+  (`lm_head.packed/.scale`, `linear.Q8Linear`), with no fp32 copy. Both are stored in the kernel's
+  layout, so a start does not reorder them (0.6-1 s); a matrix whose outputs are not a multiple of
+  32 is kept dense. The model unpacks them to the same fp32 values `gguf` gives where the kernels
+  cannot run.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
 
 from adapters.local.config import UnsupportedModelError
-from adapters.local.linear import dequantize_q4_1
+from adapters.local.linear import GROUP, dequantize_q4_1, dequantize_q8_0, interleave_q4_1, interleave_q8_0
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 # Names of `gguf.GGMLQuantizationType` members: `gguf` is imported only to convert a file, so a warm
@@ -198,7 +200,11 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
     out = {"norm": load("output_norm.weight")}
     head = raw.get("token_embd.weight" if spec.tied_embeddings else "output.weight")
     if head is not None and head.tensor_type.name == "Q8_0":
-        out["lm_head.qs"], out["lm_head.scale"] = _q8_0_parts(head)
+        qs, scale = _q8_0_parts(head)
+        if _tiles(qs):
+            out["lm_head.packed"], out["lm_head.scale"] = interleave_q8_0(qs, scale)
+        else:
+            out["lm_head_t"] = _t(dequantize_q8_0(qs, scale))
     else:
         # The model looks a tied head's embeddings up in its rows.
         out["lm_head_t"] = _t(load("token_embd.weight" if spec.tied_embeddings else "output.weight"))
@@ -217,13 +223,13 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
         for fused_name, members in fused.items():
             key = f"layers.{i}.{fused_name}"
             if all(_is_q4_1(parts[name]) for name, _ in members):
-                packed = [_q4_1_parts(parts[name], heads) for name, heads in members]  # type: ignore[arg-type]
-                for index, part in enumerate(("qs", "scale", "offset")):
-                    out[f"{key}.{part}"] = torch.cat([p[index] for p in packed], dim=0)
+                pieces = [_q4_1_parts(parts[name], heads) for name, heads in members]  # type: ignore[arg-type]
+                qs, scale, offset = (torch.cat([p[index] for p in pieces], dim=0) for index in range(3))
                 # The fp32 copy too, so a start reads it instead of unpacking 100M+ weights again.
-                out[f"{key}_t"] = _t(
-                    dequantize_q4_1(*(out[f"{key}.{part}"] for part in ("qs", "scale", "offset")))
-                )
+                out[f"{key}_t"] = _t(dequantize_q4_1(qs, scale, offset))
+                if _tiles(qs):
+                    packed = interleave_q4_1(qs, scale, offset)
+                    out[f"{key}.packed"], out[f"{key}.scale"], out[f"{key}.offset"] = packed
                 continue
             dense = []
             for name, heads in members:
@@ -231,6 +237,11 @@ def _convert_tensors(raw: dict[str, ReaderTensor], spec: ModelSpec) -> dict[str,
                 dense.append(_unpermute_rotary(weight, heads) if heads else weight)
             out[f"{key}_t"] = _t(torch.cat(dense, dim=0))
     return out
+
+
+def _tiles(qs: torch.Tensor) -> bool:
+    """Whether the kernels take this matrix: outputs in whole pairs of 16-output groups."""
+    return qs.shape[0] % (2 * GROUP) == 0
 
 
 def _is_q4_1(tensor: ReaderTensor | None) -> bool:

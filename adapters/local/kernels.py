@@ -1,5 +1,6 @@
 """Build, cache and call the engine's C kernels (`cpu_kernels.c`): products straight from Q4_1 and
-Q8_0 weights, decode attention over each row's KV pages, and RMSNorm of a few rows.
+Q8_0 weights (interleaved by 16 outputs, see `linear`), decode attention over each row's KV pages,
+and RMSNorm of a few rows.
 
 Decisions:
 - The kernels are C, compiled on first use with the system's C compiler into
@@ -41,8 +42,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class CpuKernels:
-    """The loaded kernel library (fp32 activations): products of a few rows with Q4_1 and Q8_0
-    weights, decode attention, RMSNorm."""
+    """The loaded kernel library (fp32 activations): products with packed Q4_1 and Q8_0 weights,
+    decode attention, RMSNorm."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._matmul = library.q4_1_matmul
@@ -50,7 +51,7 @@ class CpuKernels:
         self._matmul.restype = _I
         self._q8_matmul = library.q8_0_matmul
         self._q8_matmul.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I]
-        self._q8_matmul.restype = None
+        self._q8_matmul.restype = _I
         self._rms_norm = library.rms_norm
         self._rms_norm.argtypes = [_P, _I, _I, _I, _P, _F, _P, _I]
         self._rms_norm.restype = None
@@ -61,7 +62,7 @@ class CpuKernels:
     def matmul(
         self,
         x: torch.Tensor,
-        qs: torch.Tensor,
+        packed: torch.Tensor,
         scale: torch.Tensor,
         offset: torch.Tensor,
         out: torch.Tensor,
@@ -69,42 +70,43 @@ class CpuKernels:
         accumulate: bool,
     ) -> None:
         """`out (+)= x @ w.T` for `x` `[M, K]` and `out` `[M, N]` fp32, rows contiguous (any row
-        stride), `w` the `[N, K]` Q4_1 weights given as `qs`, `scale`, `offset`."""
+        stride), `w` the `[N, K]` Q4_1 weights interleaved by 16 outputs (`linear.interleave_q4_1`)."""
         rows, k = x.shape
         status = self._matmul(
             x.data_ptr(),
             x.stride(0),
             rows,
             k,
-            qs.data_ptr(),
+            packed.data_ptr(),
             scale.data_ptr(),
             offset.data_ptr(),
-            qs.shape[0],
+            out.shape[1],
             out.data_ptr(),
             out.stride(0),
             int(accumulate),
             torch.get_num_threads(),
         )
-        if status != 0:
-            raise MemoryError("q4_1_matmul could not allocate its row sums")
+        _check("q4_1_matmul", status)
 
-    def q8_matmul(self, x: torch.Tensor, qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def q8_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """`x @ w.T` (a new `[M, N]` tensor) for `x` `[M, K]` fp32, rows contiguous, and the Q8_0
-        weights `w` `[N, K]` given as `qs` (int8) and `scale` (`[N, K/32]` fp32)."""
+        weights `w` `[N, K]` interleaved by 16 outputs (`linear.interleave_q8_0`)."""
         rows, k = x.shape
-        out = torch.empty(rows, qs.shape[0], dtype=torch.float32)
-        self._q8_matmul(
+        outputs = packed.shape[0] * packed.shape[2]
+        out = torch.empty(rows, outputs, dtype=torch.float32)
+        status = self._q8_matmul(
             x.data_ptr(),
             x.stride(0),
             rows,
             k,
-            qs.data_ptr(),
+            packed.data_ptr(),
             scale.data_ptr(),
-            qs.shape[0],
+            outputs,
             out.data_ptr(),
             out.stride(0),
             torch.get_num_threads(),
         )
+        _check("q8_0_matmul", status)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -188,6 +190,13 @@ def _built(compiler: Path, directory: Path) -> Path:
             raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr else "")
         os.replace(staged, target)
     return target
+
+
+def _check(kernel: str, status: int) -> None:
+    if status == -1:
+        raise MemoryError(f"{kernel} could not allocate its scratch")
+    if status != 0:
+        raise ValueError(f"{kernel} does not take these shapes (status {status})")
 
 
 def _log_unavailable(reason: str) -> None:

@@ -18,10 +18,13 @@ from adapters.local.attention import segments
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.linear import (
+    FUSED_MAX_ROWS,
     Q4Linear,
     Q8Linear,
     dequantize_q4_1,
     dequantize_q8_0,
+    interleave_q4_1,
+    interleave_q8_0,
 )
 from adapters.local.model import _rms_norm
 
@@ -63,33 +66,66 @@ def test_q8_0_blocks_unpack_to_ggufs_exact_values() -> None:
     assert torch.equal(dequantize_q8_0(qs, scale), reference)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_interleaved_layouts_hold_the_same_weights() -> None:
+    tensor, weight = _q4_1_weight(64, 96, seed=7)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    # Output 16g + j, inputs 2p and 2p + 1: the low and high nibble of byte j of pair p of group g.
+    g, j, p = 2, 5, 17
+    n, block = 16 * g + j, 2 * p // 32
+    for k, value in ((2 * p, packed[g, p, j] & 15), (2 * p + 1, packed[g, p, j] >> 4)):
+        assert scale[g, block, j] * value.float() + offset[g, block, j] == weight[n, k]
+    values = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
+    q8, q8_scale = _q8_0_parts(_gguf_tensor(values, GGML.Q8_0))  # type: ignore[arg-type]
+    q8_packed, q8_packed_scale = interleave_q8_0(q8, q8_scale)
+    assert torch.equal(q8_packed[1, 40, 3], q8[19, 40])
+    assert torch.equal(q8_packed_scale[1, 1, 3], q8_scale[19, 1])
+
+
+# 1-4 rows: the few-row tile (two groups of 16 outputs); more: tiles of 16 rows, the last one partial.
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 40])
 def test_q4_linear_matches_the_dense_product(kernels: CpuKernels, rows: int) -> None:
-    tensor, weight = _q4_1_weight(80, 128, seed=rows)
+    tensor, weight = _q4_1_weight(96, 128, seed=rows)
     qs, scale, offset = _q4_1_parts(tensor, heads=0)  # type: ignore[arg-type]
     dense_t = dequantize_q4_1(qs, scale, offset).t().contiguous()
-    linear = Q4Linear(qs=qs, scale=scale, offset=offset, weight_t=dense_t, kernel=kernels)
+    linear = Q4Linear(*interleave_q4_1(qs, scale, offset), weight_t=dense_t, kernel=kernels)
     wide = torch.randn(rows, 256)
     x = wide[:, 64:192]  # rows 256 floats apart: the kernel takes any row stride
     expected = x @ weight.t()
     torch.testing.assert_close(linear.mm(x), expected, rtol=1e-5, atol=1e-5)
-    residual = torch.randn(rows, 80)
+    residual = torch.randn(rows, 96)
     into = residual.clone()
     linear.addmm_(into, x)
     torch.testing.assert_close(into, residual + expected, rtol=1e-5, atol=1e-5)
-    ids = torch.tensor([3, 0, 79])
+    ids = torch.tensor([3, 0, 95])
     assert torch.equal(linear.rows(ids), weight[ids])
 
 
-def test_q8_linear_matches_the_dense_product(kernels: CpuKernels) -> None:
-    values = np.random.default_rng(2).standard_normal((70, 96)).astype(np.float32)
+def test_q4_linear_runs_long_chunks_on_the_dense_copy(kernels: CpuKernels) -> None:
+    tensor, weight = _q4_1_weight(32, 64, seed=11)
+    qs, scale, offset = _q4_1_parts(tensor, heads=0)  # type: ignore[arg-type]
+    linear = Q4Linear(*interleave_q4_1(qs, scale, offset), weight_t=weight.t().contiguous(), kernel=kernels)
+    x = torch.randn(FUSED_MAX_ROWS + 1, 64)
+    torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_refuses_outputs_it_cannot_tile(kernels: CpuKernels) -> None:
+    tensor, _ = _q4_1_weight(48, 64, seed=12)  # 48 outputs: not whole pairs of groups
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.matmul(torch.randn(1, 64), packed, scale, offset, torch.empty(1, 48), accumulate=False)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 4, 6, 16, 21])
+def test_q8_linear_matches_the_dense_product(kernels: CpuKernels, rows: int) -> None:
+    values = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32)
     tensor = _gguf_tensor(values, GGML.Q8_0)
     qs, scale = _q8_0_parts(tensor)  # type: ignore[arg-type]
     weight = dequantize_q8_0(qs, scale)
-    linear = Q8Linear(qs=qs, scale=scale, kernel=kernels)
-    for rows in (1, 4, 6):
-        x = torch.randn(rows, 96)
-        torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-4)
+    linear = Q8Linear(*interleave_q8_0(qs, scale), kernel=kernels)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-4)
+    ids = torch.tensor([63, 0, 17])
+    assert torch.equal(linear.rows(ids), weight[ids])
 
 
 @pytest.mark.parametrize(
