@@ -25,7 +25,7 @@ from adapters.errors import EngineError, EngineOverloaded
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
-from adapters.local.sampling import SamplerState
+from adapters.local.sampling import SamplerState, bias_greedy_rows
 from adapters.local.scheduler import ScheduledStep, Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, Sequence, Status
 from adapters.local.text_stream import TextStream
@@ -224,6 +224,7 @@ class EngineCore:
             self.scheduler.cache_progress(seq)
         events: dict[int, list[JobEvent]] = {}
         finished = False
+        bias_greedy_rows(output.logits, [seq.params for seq in output.sampled])
         argmax = output.logits.argmax(dim=-1).tolist()
         for row, seq in enumerate(output.sampled):
             group = [seq]
@@ -245,7 +246,7 @@ class EngineCore:
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, argmax: int) -> ChoiceDelta:
         params = seq.params
-        if params.plain_greedy:
+        if params.batched_greedy:
             token, logprob = argmax, None
         else:
             picked = seq.sampler.sample(logits)

@@ -192,27 +192,40 @@ AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const 
                           stats + unit, acc + unit * D);
         }
     }
-    for (int first = 0; first < S;) {
-        const int r = segments[3 * first];
-        int last = first;
-        while (last + 1 < S && segments[3 * (last + 1)] == r) last++;
+    /* A row's segments are consecutive (rows ascending): merge each row's on its own thread. */
+    int *first = malloc(sizeof(int) * ((size_t)R + 1));
+    if (first == NULL) {
+        status = -1;
+        goto done;
+    }
+    for (int s = 0, r = 0; r <= R; r++) {
+        while (s < S && segments[3 * s] < r) s++;
+        first[r] = s;
+    }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int r = 0; r < R; r++) {
         for (int i = 0; i < per_segment; i++) {
-            float peak = -INFINITY, total = 0.0f, merged[HEAD_DIM] = {0};
-            for (int s = first; s <= last; s++) {
+            float peak = -INFINITY, total = 0.0f;
+            for (int s = first[r]; s < first[r + 1]; s++) {
                 const float m = stats[(size_t)s * per_segment + i].max;
                 peak = m > peak ? m : peak;
             }
-            for (int s = first; s <= last; s++) {
+            __m512 merged[HEAD_DIM / 16];
+            for (int c = 0; c < HEAD_DIM / 16; c++) merged[c] = _mm512_setzero_ps();
+            for (int s = first[r]; s < first[r + 1]; s++) {
                 const size_t unit = (size_t)s * per_segment + i;
                 const float weight = expf(stats[unit].max - peak);
                 total += stats[unit].sum * weight;
-                for (int c = 0; c < D; c++) merged[c] += acc[unit * D + c] * weight;
+                for (int c = 0; c < HEAD_DIM / 16; c++)
+                    merged[c] = _mm512_fmadd_ps(_mm512_loadu_ps(acc + unit * D + c * 16), _mm512_set1_ps(weight), merged[c]);
             }
             /* i runs over (KV head, group), which is the query head's own index. */
-            for (int c = 0; c < D; c++) out[((size_t)r * H + i) * D + c] = merged[c] / total;
+            const __m512 sum = _mm512_set1_ps(total);
+            for (int c = 0; c < HEAD_DIM / 16; c++)
+                _mm512_storeu_ps(out + ((size_t)r * H + i) * D + c * 16, _mm512_div_ps(merged[c], sum));
         }
-        first = last + 1;
     }
+    free(first);
 done:
     free(scores);
     free(stats);
@@ -356,7 +369,7 @@ AVX512 int q4_1_matmul(const float *x, int ldx, int M, int K, const uint8_t *qi,
                                          _mm512_loadu_ps(x + (size_t)r * ldx + b * BLOCK + 16));
                 sums[r * blocks + b] = _mm512_reduce_add_ps(s);
             }
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
         for (int G = 0; G < N / GROUP; G += FEW_GROUPS) {
             const uint8_t *q = qi + (size_t)G * group_bytes;
             const float *dg = d + (size_t)G * group_scales, *mg = m + (size_t)G * group_scales;
@@ -373,7 +386,7 @@ AVX512 int q4_1_matmul(const float *x, int ldx, int M, int K, const uint8_t *qi,
     if (N % GROUP != 0) return -2;
     float *xt = transpose_tiles(x, ldx, M, K);
     if (xt == NULL) return -1;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
     for (int G = 0; G < N / GROUP; G++) {
         const uint8_t *q = qi + (size_t)G * group_bytes;
         const float *dg = d + (size_t)G * group_scales, *mg = m + (size_t)G * group_scales;
@@ -452,7 +465,7 @@ AVX512 int q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qi, 
     if (N % (GROUP * FEW_GROUPS) != 0 || K % BLOCK != 0) return -2;
     if (M <= 0) return 0;
     if (M <= FEW_ROWS) {
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
         for (int G = 0; G < N / GROUP; G += FEW_GROUPS) {
             const int8_t *q = qi + (size_t)G * group_bytes;
             const float *dg = d + (size_t)G * group_scales;
@@ -468,7 +481,7 @@ AVX512 int q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qi, 
     }
     float *xt = transpose_tiles(x, ldx, M, K);
     if (xt == NULL) return -1;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
     for (int G = 0; G < N / GROUP; G++) {
         const int8_t *q = qi + (size_t)G * group_bytes;
         const float *dg = d + (size_t)G * group_scales;

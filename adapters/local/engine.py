@@ -25,6 +25,7 @@ from adapters.errors import EngineError, InvalidRequest
 from adapters.local.chat_template import ChatTemplate
 from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore, EngineStats
+from adapters.local.delivery import Mailboxes
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.offload import KVOffload, OffloadStats
@@ -83,6 +84,7 @@ class LocalEngine:
         self._load_lock = threading.Lock()
         self._loading: concurrent.futures.Future[_Loaded] | None = None
         self._job_ids = itertools.count(1)
+        self._mailboxes: Mailboxes[list[JobEvent]] = Mailboxes()
 
     async def start(self) -> None:
         """Load weights and start the engine thread, off the event loop. Idempotent; a caller that
@@ -306,12 +308,11 @@ class LocalEngine:
         return prepared, writer
 
     def _submit(self, prepared: PreparedRequest, salt: str) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
-        loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
         queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
 
         def sink(events: list[JobEvent]) -> None:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
-                loop.call_soon_threadsafe(queue.put_nowait, events)
+            mailbox.post(queue, events)
 
         job_id = next(self._job_ids)
         job = GenerationJob(

@@ -53,9 +53,10 @@ class SamplingParams:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing that alters or reports the distribution: a batched argmax suffices."""
-        return self.greedy and not self.needs_history and not self.logit_bias and not self.logprobs
+    def batched_greedy(self) -> bool:
+        """Greedy with nothing that reports the distribution or reads the history: the step's
+        logits row, biased in place (`bias_greedy_rows`), then one argmax for the whole batch."""
+        return self.greedy and not self.needs_history and not self.logprobs
 
 
 @dataclass(slots=True)
@@ -155,3 +156,21 @@ class _LogprobReport:
             values, ids = torch.topk(self._logprobs, self._top)
             alternatives = list(zip(ids.tolist(), values.tolist(), strict=True))
         return TokenLogprob(token_id=token, logprob=float(self._logprobs[token]), top=alternatives)
+
+
+def bias_greedy_rows(logits: torch.Tensor, rows: list[SamplingParams]) -> None:
+    """Add each batched-greedy row's `logit_bias` to its row of the step's `[rows, vocab]` logits, in
+    place and in one op: a per-row copy of 49k logits, biased, then its own argmax cost ~0.3 ms
+    a row (5 ms of a 16-stream step whose requests all set a bias, as benchmarks that ignore EOS do)."""
+    picked = [
+        (row, token, bias) for row, p in enumerate(rows) if p.batched_greedy for token, bias in p.logit_bias
+    ]
+    if not picked:
+        return
+    row_ids, token_ids, biases = zip(*picked, strict=True)
+    with torch.inference_mode():  # the step's logits are inference tensors (`ModelRunner.run`)
+        logits.index_put_(
+            (torch.tensor(row_ids), torch.tensor(token_ids)),
+            torch.tensor(biases, dtype=logits.dtype),
+            accumulate=True,
+        )

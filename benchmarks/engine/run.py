@@ -91,7 +91,7 @@ def main() -> None:
         results["decode"] = _decode(loaded, config, reference_model, args.reps)
     if "concurrency" in only:
         _progress("concurrency")
-        results["concurrency"] = _concurrency(loaded, config)
+        results["concurrency"] = _concurrency(loaded, config, args.reps)
     if "few_shot" in only:
         _progress("few-shot")
         results["few_shot"] = _few_shot(loaded, config)
@@ -185,14 +185,24 @@ def _decode(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: in
     }
 
 
-def _concurrency(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
+def _concurrency(loaded: LoadedModel, config: LocalEngineConfig, reps: int) -> dict[str, Any]:
+    """One stream, then 16 at once, `reps` times alternating; medians of each (a single 128-token
+    stream lasts ~4 s, so one sample of it moved the ratio by 10-20 % on this shared machine)."""
     engine = _engine(loaded, config, radix_cache=False)
     prompts = [token_ids(STREAM_PROMPT, seed=500 + i) for i in range(STREAMS)]
-    single_wall, _ = ours(engine, prompts[:1], STREAM_TOKENS)
-    many_wall, _ = ours(engine, prompts, STREAM_TOKENS)
+    singles, manys = [], []
+    for _ in range(reps):
+        singles.append(STREAM_TOKENS / ours(engine, prompts[:1], STREAM_TOKENS)[0])
+        manys.append(STREAMS * STREAM_TOKENS / ours(engine, prompts, STREAM_TOKENS)[0])
     engine.close_sync()
-    single, many = STREAM_TOKENS / single_wall, STREAMS * STREAM_TOKENS / many_wall
-    return {"single_tok_s": single, "aggregate_tok_s": many, "ratio": many / single}
+    single, many = statistics.median(singles), statistics.median(manys)
+    return {
+        "single_tok_s": single,
+        "aggregate_tok_s": many,
+        "ratio": many / single,
+        "single_samples": singles,
+        "aggregate_samples": manys,
+    }
 
 
 def _few_shot(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from adapters.local.sampling import SamplerState, SamplingParams
+from adapters.local.sampling import SamplerState, SamplingParams, bias_greedy_rows
 
 VOCAB = 50
 
@@ -80,6 +80,19 @@ def test_repetition_penalty_covers_the_prompt_too() -> None:
 def test_logit_bias_can_ban_a_token() -> None:
     params = SamplingParams(max_tokens=1, temperature=0.0, logit_bias=((1, -100.0),))
     assert SamplerState(params, VOCAB, [], 0).sample(logits((1, 5.0), (2, 1.0))).token_id == 2
+
+
+def test_batched_greedy_rows_are_biased_in_place_and_others_left_alone() -> None:
+    banned = SamplingParams(max_tokens=1, temperature=0.0, logit_bias=((1, -100.0), (3, 2.0)))
+    reporting = SamplingParams(max_tokens=1, temperature=0.0, logprobs=True, logit_bias=((1, -100.0),))
+    sampled = SamplingParams(max_tokens=1, temperature=1.0, logit_bias=((1, -100.0),))
+    step = torch.stack([logits((1, 5.0), (2, 1.0)), logits((1, 5.0)), logits((1, 5.0)), logits((4, 1.0))])
+    before = step.clone()
+    bias_greedy_rows(step, [banned, reporting, sampled, SamplingParams(max_tokens=1, temperature=0.0)])
+    assert step.argmax(dim=-1).tolist()[0] == 3  # 1 banned, 3 lifted above 2
+    assert step[0, 1] == -95.0 and step[0, 3] == 2.0
+    # Rows whose sampler applies the bias itself (logprobs, sampling) or that have none: untouched.
+    assert torch.equal(step[1:], before[1:])
 
 
 def test_logprobs_report_the_model_distribution() -> None:
