@@ -96,7 +96,23 @@ AVX512 INLINE void attend_block(const float *qs, const int nq, const float *k, c
         for (int c = 0; c < 4; c++) qv[i][c] = _mm512_mul_ps(_mm512_loadu_ps(qs + i * HEAD_DIM + c * 16), _mm512_set1_ps(scale));
     const int whole = n - n % 16;
     for (int i = 0; i < nq; i++)
-        for (int t = 0; t < whole; t += 16) _mm512_storeu_ps(scores + (size_t)i * n + t, scores16(qv[i], k + (size_t)t * ts, ts));
+        for (int t = 0; t < whole; t += 16) {
+            if (i == 0) {
+                /* Ask for the next 16 tokens' keys and these tokens' values now: a token slot holds
+                   every KV head (768 bytes), so the hardware's prefetcher, which stops at 4 KiB
+                   page boundaries, restarts every few tokens and leaves a stream of misses. */
+                const int ahead = t + 32 < n ? 16 : n - t - 16;
+                for (int a = 0; a < 16; a++) {
+                    const float *vt = v + (size_t)(t + a) * ts;
+                    for (int c = 0; c < HEAD_DIM; c += 16) _mm_prefetch((const char *)(vt + c), _MM_HINT_T0);
+                    if (a < ahead) {
+                        const float *kt = k + (size_t)(t + 16 + a) * ts;
+                        for (int c = 0; c < HEAD_DIM; c += 16) _mm_prefetch((const char *)(kt + c), _MM_HINT_T0);
+                    }
+                }
+            }
+            _mm512_storeu_ps(scores + (size_t)i * n + t, scores16(qv[i], k + (size_t)t * ts, ts));
+        }
     for (int t = whole; t < n; t++) {
         const float *kt = k + (size_t)t * ts;
         __m512 k0 = _mm512_loadu_ps(kt), k1 = _mm512_loadu_ps(kt + 16), k2 = _mm512_loadu_ps(kt + 32),
