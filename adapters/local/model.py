@@ -44,8 +44,10 @@ DECODE_WINDOW_MIN_TOKENS = 256
 """Shortest window worth a unit of its own; shorter runs get fewer windows."""
 KERNEL_HEAD_DIM = 64
 """The one head dimension the C decode attention handles; other models attend with torch."""
-MLP_BLOCK_ROWS = 256
-"""Rows per SwiGLU block: big enough for full-speed matmuls, small enough to bound the temporaries."""
+MLP_BLOCK_ROWS = 512
+"""Rows per SwiGLU block: big enough for full-speed matmuls, small enough to bound the temporaries
+(6 MB at 512). A default 512-token chunk is one block: MKL runs the MLP's products at 136-150
+GFLOP/s at 512 rows against 126 at 256 (dev box); 16 x 128-token prompts prefilled 4 % faster."""
 
 
 @dataclass(slots=True)
