@@ -249,9 +249,9 @@ done:
     return status;
 }
 
-/* ---- RMSNorm of a few rows: y = x / sqrt(mean(x^2) + eps) * w, K a multiple of 16 ----
+/* ---- RMSNorm of rows: y = x / sqrt(mean(x^2) + eps) * w, K a multiple of 16 ----
    One call instead of the seven small torch ops `transformers`' formula takes, each of which costs
-   more in dispatch than in arithmetic at decode's row counts. */
+   more in dispatch than in arithmetic at decode's row counts; prefill chunks take it too. */
 AVX512 void rms_norm(const float *x, int ldx, int M, int K, const float *w, float eps, float *y, int ldy) {
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * ldx;

@@ -43,6 +43,8 @@ DECODE_WINDOWS = 4
 threads busy where the 3 of one flash call left one idle a third of the time (see `windowed_attention`)."""
 DECODE_WINDOW_MIN_TOKENS = 256
 """Shortest window worth a unit of its own; shorter runs get fewer windows."""
+_Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+"""RMSNorm of rows `x` by `weight` with `eps`."""
 KERNEL_HEAD_DIM = 64
 """The one head dimension the C decode attention handles; other models attend with torch."""
 MLP_BLOCK_ROWS = 512
@@ -162,7 +164,7 @@ class LlamaModel:
         sin = torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1)
         # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
         last = len(self.layers) - 1
-        norm = self._norm()
+        norm = self._norm(_fused_rms_norm)
         for index, layer in enumerate(self.layers):
             h = norm(x, layer.attn_norm, spec.rms_norm_eps)
             qkv = layer.wqkv.mm(h)
@@ -210,7 +212,7 @@ class LlamaModel:
             windows = run_windows(pool.k, pool.v, run, count)
         eps = spec.rms_norm_eps
         kernels = self._kernels
-        norm = self._norm()
+        norm = self._norm(_rms_norm)
         for index, layer in enumerate(self.layers):
             qkv = layer.wqkv.mm(norm(x, layer.attn_norm, eps))
             qk = torch.bmm(qkv[:, :qk_width].view(rows, n_q + n_kv, hd), rope)
@@ -229,14 +231,14 @@ class LlamaModel:
             layer.w_down.addmm_(x, gate)
         return self.lm_head.mm(norm(x, self.norm, eps)).float()
 
-    def _norm(self) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]:
+    def _norm(self, fallback: _Norm) -> _Norm:
         """RMSNorm in the C kernel where it runs (one call instead of six torch ops; a 512-row
-        chunk's 61 norms took ~30 ms in torch), else `_rms_norm`."""
+        chunk's 61 norms took ~30 ms in torch), else `fallback`."""
         if self._kernels is not None and self.spec.hidden_size % 16 == 0:
             return self._kernels.rms_norm
-        return _rms_norm
+        return fallback
 
-    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm) -> torch.Tensor:
         """`x += SwiGLU(RMSNorm(x))` in blocks of rows: a long chunk's `[rows, 2 * ffn]`
         intermediate would otherwise be its largest temporary (12.6 MB at 1,024 rows)."""
         spec = self.spec
@@ -273,6 +275,11 @@ class LlamaModel:
 
 def _matrices(layer: _Layer) -> tuple[Linear, ...]:
     return (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+
+
+def _fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.rms_norm`: for a prefill chunk's many rows one fused op, without `_rms_norm`'s temporaries."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
