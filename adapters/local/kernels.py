@@ -58,6 +58,14 @@ class CpuKernels:
         self._attention = library.decode_attention
         self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _F, _P, _I]
         self._attention.restype = _I
+        self._prefill_attention = library.prefill_attention
+        self._prefill_attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _F, _P, _I]
+        self._prefill_attention.restype = _I
+        self.vnni = bool(library.cpu_kernels_vnni())
+        """The CPU has AVX-512 VNNI: `matmul_int8` runs."""
+        self._matmul_int8 = library.q4_1_matmul_q8
+        self._matmul_int8.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I]
+        self._matmul_int8.restype = _I
 
     def matmul(
         self,
@@ -87,6 +95,35 @@ class CpuKernels:
             torch.get_num_threads(),
         )
         _check("q4_1_matmul", status)
+
+    def matmul_int8(
+        self,
+        x: torch.Tensor,
+        vnni: torch.Tensor,
+        scale: torch.Tensor,
+        offset: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        accumulate: bool,
+    ) -> None:
+        """`out (+)= x @ w.T` as `matmul`, with each row of `x` quantized to int8 per block of 32
+        inputs, for `w` in the VNNI layout (`linear.interleave_q4_1_vnni`). Only where `vnni`."""
+        rows, k = x.shape
+        status = self._matmul_int8(
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            k,
+            vnni.data_ptr(),
+            scale.data_ptr(),
+            offset.data_ptr(),
+            out.shape[1],
+            out.data_ptr(),
+            out.stride(0),
+            int(accumulate),
+            torch.get_num_threads(),
+        )
+        _check("q4_1_matmul_q8", status)
 
     def q8_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """`x @ w.T` (a new `[M, N]` tensor) for `x` `[M, K]` fp32, rows contiguous, and the Q8_0
@@ -143,6 +180,34 @@ class CpuKernels:
         )
         if status != 0:
             raise RuntimeError(f"decode_attention failed: status {status} (-1 out of memory, -2 bad shape)")
+        return out
+
+    def prefill_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context: torch.Tensor
+    ) -> torch.Tensor:
+        """`[n, heads * d]` attention of a prompt chunk's rows `q` (`[n, heads, d]`, contiguous) over
+        their context in one layer's pool (`keys`, `values` as for `decode_attention`): `context`,
+        int32 `[L]`, the token slots of the whole context in order, the chunk's own `n` last; row i
+        sees the first `L - n + i + 1`."""
+        rows, heads, dim = q.shape
+        kv_heads = keys.shape[2]
+        out = torch.empty(rows, heads * dim, dtype=torch.float32)
+        status = self._prefill_attention(
+            q.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            dim,
+            keys.data_ptr(),
+            values.data_ptr(),
+            kv_heads * dim,
+            context.data_ptr(),
+            context.shape[0],
+            dim**-0.5,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        _check("prefill_attention", status)
         return out
 
 

@@ -59,7 +59,7 @@ def load_model(config: LocalEngineConfig) -> LoadedModel:
     kernel = None
     if config.quantized_matmul and dtype == torch.float32:
         kernel = load_kernel(config.resolved_cache_dir())
-    model = LlamaModel(checkpoint.spec, checkpoint.tensors, dtype, kernel)
+    model = LlamaModel(checkpoint.spec, checkpoint.tensors, dtype, kernel, config.prefill_activations)
     loaded = LoadedModel(
         spec=checkpoint.spec, model=model, tokenizer=tokenizer, template=template, sha256=checkpoint.sha256
     )

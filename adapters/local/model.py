@@ -28,15 +28,17 @@ import torch.nn.functional as F
 from adapters.local.attention import (
     DecodePlan,
     PrefixPlan,
+    context_slots,
     decode_attention,
     prefill_attention,
     run_windows,
     windowed_attention,
 )
+from adapters.local.config import PrefillActivations
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
-from adapters.local.linear import Linear, build_linear
+from adapters.local.linear import Linear, build_linear, owned
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -46,7 +48,9 @@ DECODE_WINDOW_MIN_TOKENS = 256
 _Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 """RMSNorm of rows `x` by `weight` with `eps`."""
 KERNEL_HEAD_DIM = 64
-"""The one head dimension the C decode attention handles; other models attend with torch."""
+"""The one head dimension the C attention kernels handle; other models attend with torch."""
+KERNEL_MAX_GROUP = 12
+"""Most query heads per KV head the C prefill attention takes (its unit of work is 12 queries)."""
 MLP_BLOCK_ROWS = 512
 """Rows per SwiGLU block: big enough for full-speed matmuls, small enough to bound the temporaries
 (6 MB at 512). A default 512-token chunk is one block: MKL runs the MLP's products at 136-150
@@ -102,20 +106,27 @@ class LlamaModel:
         tensors: dict[str, torch.Tensor],
         dtype: torch.dtype,
         kernel: CpuKernels | None = None,
+        prefill_activations: PrefillActivations = "fp32",
     ) -> None:
         """`kernel`: the C kernels for decode steps (packed products, see `linear`; attention;
-        RMSNorm), used in float32 only; None: dense weights and torch ops throughout."""
+        RMSNorm), used in float32 only; None: dense weights and torch ops throughout.
+        `prefill_activations`: see `LocalEngineConfig.prefill_activations`."""
         self.spec = spec
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
         self.attends_in_kernel = self._kernels is not None and spec.head_dim == KERNEL_HEAD_DIM
-        """Decode rows attend in the C kernel: the runner plans them as `DecodePlan.segments`."""
+        """Decode rows and prompt chunks attend in the C kernels: the runner plans decode rows as
+        `DecodePlan.segments`; a chunk's context is its prefix plan and its own slots."""
+
+        # int8 prefill leaves the checkpoint's fp32 copies unread: keep copies, not views of its file.
+        copy = prefill_activations == "int8" and self._kernels is not None and self._kernels.vnni
 
         def get(name: str) -> torch.Tensor:
-            return tensors[name].to(dtype).contiguous()
+            tensor = tensors[name].to(dtype)
+            return owned(tensor) if copy else tensor.contiguous()
 
         def linear(name: str) -> Linear:
-            return build_linear(tensors, name, dtype, kernel)
+            return build_linear(tensors, name, dtype, kernel, prefill_activations, copy=copy)
 
         self.embed = get("embed") if "embed" in tensors else None
         """`[vocab, hidden]` when untied; None: tokens are looked up in the head's rows."""
@@ -165,6 +176,12 @@ class LlamaModel:
         # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
         last = len(self.layers) - 1
         norm = self._norm(_fused_rms_norm)
+        contexts = None
+        if self.attends_in_kernel and spec.num_heads // spec.num_kv_heads <= KERNEL_MAX_GROUP:  # once a step
+            contexts = [
+                context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
+                for seg in batch.prefills
+            ]
         for index, layer in enumerate(self.layers):
             h = norm(x, layer.attn_norm, spec.rms_norm_eps)
             qkv = layer.wqkv.mm(h)
@@ -176,7 +193,7 @@ class LlamaModel:
             k_pages, v_pages = pool.k[index], pool.v[index]
             k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
             v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
-            attn = self._attention(batch, q, k, v, k_pages, v_pages)
+            attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
                 x, attn = x[batch.logit_rows], attn[batch.logit_rows]
@@ -257,9 +274,15 @@ class LlamaModel:
         v: torch.Tensor,
         k_pages: torch.Tensor,
         v_pages: torch.Tensor,
+        contexts: list[torch.Tensor] | None,
     ) -> torch.Tensor:
+        """Decode rows and prompt chunks of a step; `contexts`: each chunk's context slots where the
+        C kernel attends (`context_slots`), None: torch's flash kernel over the page runs."""
         plan = batch.decode  # decode-only steps take `_decode` instead
+        kernels = self._kernels
         if plan is None and len(batch.prefills) == 1:
+            if contexts is not None and kernels is not None:
+                return kernels.prefill_attention(q.contiguous(), k_pages, v_pages, contexts[0])
             return prefill_attention(q, k, v, k_pages, v_pages, batch.prefills[0].prefix)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
         if plan is not None and plan.segments is not None and self._kernels is not None:
@@ -267,9 +290,14 @@ class LlamaModel:
             out[: plan.count] = self._kernels.decode_attention(decoding, k_pages, v_pages, plan.segments)
         elif plan is not None:
             out[: plan.count] = decode_attention(q[: plan.count], k_pages, v_pages, plan)
-        for seg in batch.prefills:
+        for number, seg in enumerate(batch.prefills):
             rows = slice(seg.start, seg.start + seg.length)
-            out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_pages, v_pages, seg.prefix)
+            if contexts is not None and kernels is not None:
+                out[rows] = kernels.prefill_attention(
+                    q[rows].contiguous(), k_pages, v_pages, contexts[number]
+                )
+            else:
+                out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_pages, v_pages, seg.prefix)
         return out
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from gguf.quants import dequantize, quantize
 
 from adapters.local import kernels as kernels_module
-from adapters.local.attention import segments
+from adapters.local.attention import PageRun, PrefixPlan, ScatteredPages, context_slots, segments
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.linear import (
@@ -24,6 +24,7 @@ from adapters.local.linear import (
     dequantize_q4_1,
     dequantize_q8_0,
     interleave_q4_1,
+    interleave_q4_1_vnni,
     interleave_q8_0,
 )
 from adapters.local.model import _rms_norm
@@ -108,6 +109,74 @@ def test_q4_linear_runs_long_chunks_on_the_dense_copy(kernels: CpuKernels) -> No
     torch.testing.assert_close(linear.mm(x), x @ weight.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def vnni_kernels(kernels: CpuKernels) -> CpuKernels:
+    if not kernels.vnni:
+        pytest.skip("this CPU lacks AVX-512 VNNI (int8 prefill runs as fp32 there)")
+    return kernels
+
+
+def _int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` as the int8 kernel sees it: each block of 32 quantized to `round(x * 127 / max|x|)`,
+    scaled back. With Q4_1's offset paired with the quantized sums, the kernel's product is
+    exactly this times the dense weights, up to fp32 rounding."""
+    rows, cols = x.shape
+    blocks = x.reshape(rows, cols // 32, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))).clamp(-127, 127)
+    return (q * (amax / 127)).reshape(rows, cols)
+
+
+def test_vnni_layout_holds_the_same_nibbles() -> None:
+    tensor, weight = _q4_1_weight(32, 64, seed=8)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    vnni = interleave_q4_1_vnni(packed)
+    assert vnni.shape == (2, 8, 16, 4)
+    # Byte t of output j in chunk c of group g: input 8c + t (low nibble), 8c + 4 + t (high).
+    g, c, j, t = 1, 5, 9, 2
+    n = 16 * g + j
+    for k, value in ((8 * c + t, vnni[g, c, j, t] & 15), (8 * c + 4 + t, vnni[g, c, j, t] >> 4)):
+        assert scale[g, k // 32, j] * value.float() + offset[g, k // 32, j] == weight[n, k]
+
+
+# More than FUSED_MAX_ROWS rows take int8 activations: whole tiles of 8 rows and a partial one.
+@pytest.mark.parametrize("rows", [FUSED_MAX_ROWS + 1, FUSED_MAX_ROWS + 8, 100])
+def test_int8_prefill_products_quantize_each_block_of_each_row(vnni_kernels: CpuKernels, rows: int) -> None:
+    tensor, weight = _q4_1_weight(48, 128, seed=rows)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    linear = Q4Linear(packed, scale, offset, kernel=vnni_kernels, vnni=interleave_q4_1_vnni(packed))
+    wide = torch.randn(rows, 256)
+    x = wide[:, 64:192]
+    x[3, :32] = 0.0  # an all-zero block quantizes to zeros, not NaN
+    expected = _int8_rows(x) @ weight.t()
+    torch.testing.assert_close(linear.mm(x), expected, rtol=1e-4, atol=1e-4)
+    exact = x @ weight.t()
+    assert ((linear.mm(x) - exact).norm() / exact.norm()).item() < 0.02
+    residual = torch.randn(rows, 48)
+    into = residual.clone()
+    linear.addmm_(into, x)
+    torch.testing.assert_close(into, residual + expected, rtol=1e-4, atol=1e-4)
+    columns = torch.randn(48, rows).t()  # an output whose rows are not contiguous
+    linear.addmm_(columns, x)
+    assert torch.isfinite(columns).all()
+    ids = torch.tensor([0, 17, 47])
+    assert torch.equal(linear.rows(ids), weight[ids])  # no dense copy: rows come from the nibbles
+    short = x[:FUSED_MAX_ROWS]  # decode batches and short chunks stay exact
+    torch.testing.assert_close(linear.mm(short), short @ weight.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_int8_kernel_refuses_shapes_it_cannot_tile(vnni_kernels: CpuKernels) -> None:
+    tensor, _ = _q4_1_weight(32, 64, seed=13)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    vnni = interleave_q4_1_vnni(packed)
+    with pytest.raises(ValueError, match="shapes"):
+        vnni_kernels.matmul_int8(
+            torch.randn(70, 64), vnni, scale, offset, torch.empty(70, 24), accumulate=False
+        )
+    empty = torch.empty(0, 32)
+    vnni_kernels.matmul_int8(torch.randn(0, 64), vnni, scale, offset, empty, accumulate=False)
+
+
 def test_the_kernel_refuses_outputs_it_cannot_tile(kernels: CpuKernels) -> None:
     tensor, _ = _q4_1_weight(48, 64, seed=12)  # 48 outputs: not whole pairs of groups
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
@@ -160,6 +229,44 @@ def test_decode_attention_refuses_a_head_dimension_it_does_not_handle(kernels: C
     pool = torch.randn(2, 16, 2, 32)
     with pytest.raises(RuntimeError, match="bad shape"):
         kernels.decode_attention(torch.randn(1, 4, 32), pool, pool, segments([([0], 10)], 16))
+
+
+# (chunk rows, context tokens): one row, partial and whole units of 4 rows, a chunk that is its whole
+# context, and one over a long prefix with a partial last block of 16 keys.
+@pytest.mark.parametrize(("rows", "tokens"), [(1, 1), (3, 40), (9, 9), (64, 300), (130, 1000)])
+def test_prefill_attention_matches_sdpa_with_a_causal_chunk(
+    kernels: CpuKernels, rows: int, tokens: int
+) -> None:
+    heads, kv_heads, dim, page_size = 9, 3, 64, 16
+    pages = tokens // page_size + 3
+    keys, values = torch.randn(pages, page_size, kv_heads, dim), torch.randn(pages, page_size, kv_heads, dim)
+    context = torch.randperm(pages * page_size)[:tokens].to(torch.int32)  # slots in any order
+    q = torch.randn(rows, heads, dim)
+    got = kernels.prefill_attention(q, keys, values, context)
+    k = keys.view(-1, kv_heads, dim)[context.long()].transpose(0, 1).repeat_interleave(3, dim=0)
+    v = values.view(-1, kv_heads, dim)[context.long()].transpose(0, 1).repeat_interleave(3, dim=0)
+    visible = torch.arange(tokens)[None, :] <= (tokens - rows + torch.arange(rows))[:, None]
+    expected = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=visible)
+    torch.testing.assert_close(got, expected.transpose(0, 1).reshape(rows, heads * dim), rtol=1e-5, atol=1e-5)
+
+
+def test_context_slots_list_the_prefix_then_the_chunk() -> None:
+    prefix = PrefixPlan(
+        runs=[PageRun(first_page=4, tokens=20)], scattered=ScatteredPages(torch.tensor([9, 2]), 18)
+    )
+    slots = context_slots(prefix, torch.tensor([50, 51, 7]), page_size=16)
+    expected = [*range(64, 84), *range(144, 160), 32, 33, 50, 51, 7]
+    assert slots.dtype == torch.int32 and slots.tolist() == expected
+    assert context_slots(None, torch.tensor([3, 4]), page_size=16).tolist() == [3, 4]
+
+
+def test_prefill_attention_refuses_shapes_it_does_not_handle(kernels: CpuKernels) -> None:
+    pool = torch.randn(2, 16, 2, 32)
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.prefill_attention(torch.randn(3, 4, 32), pool, pool, torch.arange(10, dtype=torch.int32))
+    wide = torch.randn(2, 16, 1, 64)  # 13 query heads on one KV head: more than a unit's 12 queries
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.prefill_attention(torch.randn(3, 13, 64), wide, wide, torch.arange(10, dtype=torch.int32))
 
 
 def test_rms_norm_matches_the_torch_formula(kernels: CpuKernels) -> None:

@@ -1,0 +1,55 @@
+"""The default prefill mode (`prefill_activations = "int8"`): prompt chunks of more than 64 rows
+multiply int8-quantized activations with the Q4_1 weights (VNNI). It keeps no fp32 copy of those
+weights, and on these prompts its greedy answers are the exact mode's, token for token."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from adapters.local import LocalEngine
+from adapters.local.linear import Q4Linear
+from adapters.local.loader import LoadedModel, load_model
+from tests.adapters.local.conftest import TEST_CONFIG
+from tests.adapters.local.test_equivalence import chat_ids, run
+
+pytestmark = pytest.mark.slow
+
+INT8 = replace(TEST_CONFIG, prefill_activations="int8")
+
+
+@pytest.fixture(scope="module")
+def int8_model() -> LoadedModel:
+    loaded = load_model(INT8)
+    layer = loaded.model.layers[0].wqkv
+    if not isinstance(layer, Q4Linear) or layer.vnni is None:
+        pytest.skip("no VNNI kernel on this machine: int8 prefill runs as fp32 there")
+    return loaded
+
+
+def test_int8_mode_keeps_only_the_packed_weights(int8_model: LoadedModel, loaded: LoadedModel) -> None:
+    for layer in int8_model.model.layers:
+        for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            assert isinstance(linear, Q4Linear) and linear.weight_t is None and linear.vnni is not None
+    # The exact mode holds each Q4_1 matrix as nibbles and as fp32 (~4.7x the bytes).
+    assert int8_model.model.weight_bytes < loaded.model.weight_bytes / 3
+
+
+def test_int8_prefill_answers_as_the_exact_mode(int8_model: LoadedModel, engine: LocalEngine) -> None:
+    prompts = [
+        chat_ids(int8_model, "What do radix trees store?"),
+        chat_ids(int8_model, "Which entries does eviction remove?"),
+    ]
+    assert all(len(p) > 300 for p in prompts)  # whole chunks of more than 64 rows: int8 products
+    int8_engine = LocalEngine(INT8, model=int8_model)
+    int8_engine.start_sync()
+    try:
+        assert [g.token_ids for g in run(int8_engine, prompts)] == [g.token_ids for g in run(engine, prompts)]
+    finally:
+        int8_engine.close_sync()
+
+
+def test_prefill_activations_is_checked() -> None:
+    with pytest.raises(ValueError, match="prefill_activations"):
+        replace(TEST_CONFIG, prefill_activations="int4").validate()  # type: ignore[arg-type]
