@@ -654,13 +654,16 @@ VNNI int q4_1_matmul_q8(const float *x, int ldx, int M, int K, const uint8_t *wv
    sees positions 0 .. L - n + i. Each KV head's keys are first copied transposed in blocks of 16
    tokens (kt [L/16][64][16]) and its values in order (vh [L][64]), so a query's 16 scores of a block
    are 64 FMAs into one register (no horizontal sums) and every later pass reads L1/L2-resident
-   memory. A unit of work is one KV head and up to PF_QUERIES queries of its group (rows x the
-   group's heads), attended block by block with the online softmax (FlashAttention's). */
+   memory. Queries go in tiles of PF_QUERIES of one KV head's group (rows x the group's heads),
+   attended PF_STEP keys at a time with the online softmax (FlashAttention's); a unit of work is
+   PF_TILES tiles. Measured on the dev box (2 threads, 2,176-token context): 512 rows 17.9 ms
+   (127 GFLOP/s), 128 rows 6.1 ms; torch's flash kernel over the same pages took 30-34 ms for 512. */
 
 #define PF_BLOCK 16
 #define PF_QUERIES 12
 #define PF_PV 3
 #define PF_STEP 64
+#define PF_TILES 2
 
 /* The 16 scores of PF_QUERIES queries (qs, pre-scaled) for keys first .. first + 15, stored to
    scores[j][at .. at + 15], with -inf where query j cannot see the key (position > limit[j]). */
@@ -684,82 +687,96 @@ AVX512 INLINE void pf_scores(const float *qs, const int *limit, int nq, int bott
     }
 }
 
-/* Queries qs[0..nq) of one KV head over keys 0 .. their limits, in steps of PF_STEP keys: scores,
-   then every query's maximum, rescale, exponentials and sum (each phase independent across the
-   queries, so their latencies overlap), then the values; out_rows[j] gets query j's output. */
-AVX512 static void pf_unit(const float *qs, const int *limit, int nq, const float *kt, const float *vh,
-                           float *o, float *out_rows[PF_QUERIES]) {
+/* Up to PF_QUERIES queries of one KV head (rows x the group's heads) and their online-softmax state. */
+typedef struct {
+    float qs[PF_QUERIES * HEAD_DIM] __attribute__((aligned(64))); /* pre-scaled, unused ones 0 */
+    float o[PF_QUERIES * HEAD_DIM] __attribute__((aligned(64)));  /* unnormalized outputs */
+    float p[PF_QUERIES][PF_STEP] __attribute__((aligned(64)));    /* a step's scores, then weights */
     float m[PF_QUERIES], l[PF_QUERIES];
-    float p[PF_QUERIES][PF_STEP] __attribute__((aligned(64)));
-    int top = limit[0], bottom = limit[0];
-    memset(p, 0, sizeof(p)); /* the unused queries' weights stay 0 */
+    int limit[PF_QUERIES]; /* last position each query sees */
+    float *rows[PF_QUERIES];
+    int nq, top, bottom;
+} PfTile;
+
+AVX512 static void pf_begin(PfTile *tile) {
+    tile->top = tile->bottom = tile->limit[0];
+    for (int j = 0; j < tile->nq; j++) {
+        tile->top = tile->limit[j] > tile->top ? tile->limit[j] : tile->top;
+        tile->bottom = tile->limit[j] < tile->bottom ? tile->limit[j] : tile->bottom;
+    }
     for (int j = 0; j < PF_QUERIES; j++) {
-        m[j] = -INFINITY;
-        l[j] = 0.0f;
+        tile->m[j] = -INFINITY;
+        tile->l[j] = 0.0f;
     }
+    memset(tile->p, 0, sizeof(tile->p)); /* the unused queries' weights stay 0 */
+    memset(tile->o, 0, sizeof(tile->o));
+}
+
+/* One step of PF_STEP keys from `first` on: scores, then every query's maximum, rescale,
+   exponentials and sum (each phase independent across the queries, so their latencies overlap),
+   then the values. */
+AVX512 static void pf_step(PfTile *tile, const float *kt, const float *vh, int first) {
+    if (first > tile->top) return;
+    const int nq = tile->nq;
+    const int count = tile->top - first + 1 < PF_STEP ? (tile->top - first + PF_BLOCK) / PF_BLOCK : PF_STEP / PF_BLOCK;
+    for (int c = 0; c < count; c++)
+        pf_scores(tile->qs, tile->limit, nq, tile->bottom, kt + (size_t)(first / PF_BLOCK + c) * HEAD_DIM * PF_BLOCK,
+                  first + c * PF_BLOCK, tile->p, c * PF_BLOCK);
+    float peak[PF_QUERIES];
     for (int j = 0; j < nq; j++) {
-        top = limit[j] > top ? limit[j] : top;
-        bottom = limit[j] < bottom ? limit[j] : bottom;
+        __m512 top_lanes = _mm512_load_ps(tile->p[j]);
+        for (int c = 1; c < count; c++) top_lanes = _mm512_max_ps(top_lanes, _mm512_load_ps(tile->p[j] + c * PF_BLOCK));
+        peak[j] = _mm512_reduce_max_ps(top_lanes);
     }
-    memset(o, 0, sizeof(float) * PF_QUERIES * HEAD_DIM);
-    for (int first = 0; first <= top; first += PF_STEP) {
-        const int count = top - first + 1 < PF_STEP ? (top - first + PF_BLOCK) / PF_BLOCK : PF_STEP / PF_BLOCK;
-        for (int c = 0; c < count; c++)
-            pf_scores(qs, limit, nq, bottom, kt + (size_t)(first / PF_BLOCK + c) * HEAD_DIM * PF_BLOCK,
-                      first + c * PF_BLOCK, p, c * PF_BLOCK);
-        float peak[PF_QUERIES];
-        for (int j = 0; j < nq; j++) {
-            __m512 top_lanes = _mm512_load_ps(p[j]);
-            for (int c = 1; c < count; c++) top_lanes = _mm512_max_ps(top_lanes, _mm512_load_ps(p[j] + c * PF_BLOCK));
-            peak[j] = _mm512_reduce_max_ps(top_lanes);
+    for (int j = 0; j < nq; j++)
+        if (peak[j] > tile->m[j]) {
+            const float alpha = expf(tile->m[j] - peak[j]); /* 0 on the first step: m is -inf */
+            const __m512 a = _mm512_set1_ps(alpha);
+            float *oj = tile->o + j * HEAD_DIM;
+            for (int c = 0; c < HEAD_DIM; c += 16) _mm512_store_ps(oj + c, _mm512_mul_ps(a, _mm512_load_ps(oj + c)));
+            tile->l[j] *= alpha;
+            tile->m[j] = peak[j];
         }
-        for (int j = 0; j < nq; j++)
-            if (peak[j] > m[j]) {
-                const float alpha = expf(m[j] - peak[j]); /* 0 on the first step: m is -inf */
-                const __m512 a = _mm512_set1_ps(alpha);
-                float *oj = o + j * HEAD_DIM;
-                for (int c = 0; c < HEAD_DIM; c += 16) _mm512_store_ps(oj + c, _mm512_mul_ps(a, _mm512_load_ps(oj + c)));
-                l[j] *= alpha;
-                m[j] = peak[j];
-            }
-        for (int j = 0; j < nq; j++) {
-            __m512 total = _mm512_setzero_ps();
-            const __m512 mj = _mm512_set1_ps(m[j]);
-            for (int c = 0; c < count; c++) {
-                const __m512 sj = _mm512_load_ps(p[j] + c * PF_BLOCK);
-                const __mmask16 seen = _mm512_cmp_ps_mask(sj, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-                const __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive(_mm512_sub_ps(sj, mj)));
-                total = _mm512_add_ps(total, e);
-                _mm512_store_ps(p[j] + c * PF_BLOCK, e);
-            }
-            l[j] += _mm512_reduce_add_ps(total);
-        }
-        const float *vb = vh + (size_t)first * HEAD_DIM;
-        const int keys = count * PF_BLOCK;
-        for (int j0 = 0; j0 < nq; j0 += PF_PV) {
-            __m512 acc[PF_PV][4];
-            for (int i = 0; i < PF_PV; i++)
-                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_load_ps(o + (j0 + i) * HEAD_DIM + c * 16);
-            for (int t = 0; t < keys; t++) {
-                const float *vt = vb + (size_t)t * HEAD_DIM;
-                const __m512 v0 = _mm512_load_ps(vt), v1 = _mm512_load_ps(vt + 16), v2 = _mm512_load_ps(vt + 32),
-                             v3 = _mm512_load_ps(vt + 48);
-                for (int i = 0; i < PF_PV; i++) {
-                    const __m512 w = _mm512_set1_ps(p[j0 + i][t]);
-                    acc[i][0] = _mm512_fmadd_ps(w, v0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(w, v1, acc[i][1]);
-                    acc[i][2] = _mm512_fmadd_ps(w, v2, acc[i][2]);
-                    acc[i][3] = _mm512_fmadd_ps(w, v3, acc[i][3]);
-                }
-            }
-            for (int i = 0; i < PF_PV; i++)
-                for (int c = 0; c < 4; c++) _mm512_store_ps(o + (j0 + i) * HEAD_DIM + c * 16, acc[i][c]);
-        }
-    }
     for (int j = 0; j < nq; j++) {
-        const __m512 inverse = _mm512_set1_ps(1.0f / l[j]);
+        __m512 total = _mm512_setzero_ps();
+        const __m512 mj = _mm512_set1_ps(tile->m[j]);
+        for (int c = 0; c < count; c++) {
+            const __m512 sj = _mm512_load_ps(tile->p[j] + c * PF_BLOCK);
+            const __mmask16 seen = _mm512_cmp_ps_mask(sj, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            const __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive(_mm512_sub_ps(sj, mj)));
+            total = _mm512_add_ps(total, e);
+            _mm512_store_ps(tile->p[j] + c * PF_BLOCK, e);
+        }
+        tile->l[j] += _mm512_reduce_add_ps(total);
+    }
+    const float *vb = vh + (size_t)first * HEAD_DIM;
+    const int keys = count * PF_BLOCK;
+    for (int j0 = 0; j0 < nq; j0 += PF_PV) {
+        __m512 acc[PF_PV][4];
+        for (int i = 0; i < PF_PV; i++)
+            for (int c = 0; c < 4; c++) acc[i][c] = _mm512_load_ps(tile->o + (j0 + i) * HEAD_DIM + c * 16);
+        for (int t = 0; t < keys; t++) {
+            const float *vt = vb + (size_t)t * HEAD_DIM;
+            const __m512 v0 = _mm512_load_ps(vt), v1 = _mm512_load_ps(vt + 16), v2 = _mm512_load_ps(vt + 32),
+                         v3 = _mm512_load_ps(vt + 48);
+            for (int i = 0; i < PF_PV; i++) {
+                const __m512 w = _mm512_set1_ps(tile->p[j0 + i][t]);
+                acc[i][0] = _mm512_fmadd_ps(w, v0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(w, v1, acc[i][1]);
+                acc[i][2] = _mm512_fmadd_ps(w, v2, acc[i][2]);
+                acc[i][3] = _mm512_fmadd_ps(w, v3, acc[i][3]);
+            }
+        }
+        for (int i = 0; i < PF_PV; i++)
+            for (int c = 0; c < 4; c++) _mm512_store_ps(tile->o + (j0 + i) * HEAD_DIM + c * 16, acc[i][c]);
+    }
+}
+
+AVX512 static void pf_finish(const PfTile *tile) {
+    for (int j = 0; j < tile->nq; j++) {
+        const __m512 inverse = _mm512_set1_ps(1.0f / tile->l[j]);
         for (int c = 0; c < HEAD_DIM; c += 16)
-            _mm512_storeu_ps(out_rows[j] + c, _mm512_mul_ps(inverse, _mm512_load_ps(o + j * HEAD_DIM + c)));
+            _mm512_storeu_ps(tile->rows[j] + c, _mm512_mul_ps(inverse, _mm512_load_ps(tile->o + j * HEAD_DIM + c)));
     }
 }
 
@@ -807,7 +824,7 @@ static float *pf_buffer(size_t floats) {
 AVX512 int prefill_attention(const float *q, int n, int H, int KVH, int D, const float *k, const float *v, int ts,
                              const int32_t *slots, int L, float scale, float *out, int threads) {
     if (D != HEAD_DIM || H % KVH != 0 || H / KVH > PF_QUERIES || n < 1 || n > L) return -2;
-    const int groups = H / KVH, rows_per_unit = PF_QUERIES / groups;
+    const int groups = H / KVH, rows_per_tile = PF_QUERIES / groups;
     const int blocks = (L + PF_BLOCK - 1) / PF_BLOCK, padded = blocks * PF_BLOCK;
     const size_t head_floats = (size_t)padded * HEAD_DIM;
     float *kt = pf_buffer(2 * head_floats * KVH);
@@ -830,27 +847,34 @@ AVX512 int prefill_attention(const float *q, int n, int H, int KVH, int D, const
             memcpy(vb + t * HEAD_DIM, vs, sizeof(float) * HEAD_DIM);
         }
     }
-    const int tiles = (n + rows_per_unit - 1) / rows_per_unit;
-    /* One KV head after another (its keys and values stay in cache), its last tiles first: they see
+    /* A unit of work is PF_TILES tiles of rows_per_tile rows: they take each step's keys and values
+       in turn while those are in L1, so each is read from L2 once per PF_TILES tiles. */
+    const int rows_per_unit = rows_per_tile * PF_TILES, units = (n + rows_per_unit - 1) / rows_per_unit;
+    /* One KV head after another (its keys and values stay in cache), its last units first: they see
        the most keys, so dynamic scheduling ends with the short ones. */
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (int u = 0; u < KVH * tiles; u++) {
-        const int h = u / tiles, tile = tiles - 1 - u % tiles, r0 = tile * rows_per_unit;
-        float qs[PF_QUERIES * HEAD_DIM] __attribute__((aligned(64)));
-        float o[PF_QUERIES * HEAD_DIM] __attribute__((aligned(64)));
-        int limit[PF_QUERIES] = {0};
-        float *rows[PF_QUERIES];
-        int nq = 0;
-        memset(qs, 0, sizeof(qs));
-        for (int r = r0; r < r0 + rows_per_unit && r < n; r++)
-            for (int g = 0; g < groups; g++, nq++) {
-                const int head = h * groups + g;
-                const float *src = q + ((size_t)r * H + head) * HEAD_DIM;
-                for (int d = 0; d < HEAD_DIM; d++) qs[nq * HEAD_DIM + d] = src[d] * scale;
-                limit[nq] = L - n + r;
-                rows[nq] = out + (size_t)r * H * HEAD_DIM + (size_t)head * HEAD_DIM;
-            }
-        pf_unit(qs, limit, nq, kt + h * head_floats, vh + h * head_floats, o, rows);
+    for (int u = 0; u < KVH * units; u++) {
+        const int h = u / units, r0 = (units - 1 - u % units) * rows_per_unit;
+        PfTile tiles[PF_TILES];
+        int used = 0, top = 0;
+        for (int t = 0; t < PF_TILES && r0 + t * rows_per_tile < n; t++, used++) {
+            PfTile *tile = &tiles[t];
+            memset(tile->qs, 0, sizeof(tile->qs));
+            tile->nq = 0;
+            for (int r = r0 + t * rows_per_tile; r < r0 + (t + 1) * rows_per_tile && r < n; r++)
+                for (int g = 0; g < groups; g++, tile->nq++) {
+                    const int head = h * groups + g;
+                    const float *src = q + ((size_t)r * H + head) * HEAD_DIM;
+                    for (int d = 0; d < HEAD_DIM; d++) tile->qs[tile->nq * HEAD_DIM + d] = src[d] * scale;
+                    tile->limit[tile->nq] = L - n + r;
+                    tile->rows[tile->nq] = out + (size_t)r * H * HEAD_DIM + (size_t)head * HEAD_DIM;
+                }
+            pf_begin(tile);
+            top = tile->top > top ? tile->top : top;
+        }
+        for (int first = 0; first <= top; first += PF_STEP)
+            for (int t = 0; t < used; t++) pf_step(&tiles[t], kt + h * head_floats, vh + h * head_floats, first);
+        for (int t = 0; t < used; t++) pf_finish(&tiles[t]);
     }
     return 0;
 }
