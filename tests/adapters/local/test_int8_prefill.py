@@ -1,6 +1,7 @@
 """The default prefill mode (`prefill_activations = "int8"`): prompt chunks of more than 64 rows
 multiply int8-quantized activations with the Q4_1 weights (VNNI). It keeps no fp32 copy of those
-weights, and on these prompts its greedy answers are the exact mode's, token for token."""
+weights; on these prompts its greedy answers are the exact mode's, token for token; and batching,
+chunking and a cached prefix change no token in it either."""
 
 from __future__ import annotations
 
@@ -48,6 +49,37 @@ def test_int8_prefill_answers_as_the_exact_mode(int8_model: LoadedModel, engine:
         assert [g.token_ids for g in run(int8_engine, prompts)] == [g.token_ids for g in run(engine, prompts)]
     finally:
         int8_engine.close_sync()
+
+
+def test_int8_prefill_keeps_the_engines_shortcuts_exact(int8_model: LoadedModel) -> None:
+    """Each row is quantized on its own and its context summed in the same order, so batching,
+    chunking (chunks of more than 64 rows: all int8) and a cached prefix change no token."""
+    engines = [
+        LocalEngine(replace(INT8, radix_cache=False), model=int8_model),
+        LocalEngine(INT8, model=int8_model),
+        LocalEngine(
+            replace(INT8, radix_cache=False, max_prefill_tokens=100, max_idle_prefill_tokens=100),
+            model=int8_model,
+        ),
+    ]
+    for built in engines:
+        built.start_sync()
+    plain, cached, chunked = engines
+    try:
+        probe = chat_ids(int8_model, "Why do serving engines use them?")
+        short = int8_model.tokenizer.encode("Eviction removes")
+        alone = run(plain, [probe])[0]
+        assert [g.token_ids for g in run(plain, [probe, short])] == [
+            alone.token_ids,
+            run(plain, [short])[0].token_ids,
+        ]
+        assert run(chunked, [probe])[0].token_ids == alone.token_ids
+        run(cached, [chat_ids(int8_model, "What do radix trees store?")])
+        hit = run(cached, [probe])[0]
+        assert hit.cached_tokens >= 256 and hit.token_ids == alone.token_ids
+    finally:
+        for built in engines:
+            built.close_sync()
 
 
 def test_prefill_activations_is_checked() -> None:
