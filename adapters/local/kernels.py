@@ -27,6 +27,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -79,22 +80,7 @@ class CpuKernels:
     ) -> None:
         """`out (+)= x @ w.T` for `x` `[M, K]` and `out` `[M, N]` fp32, rows contiguous (any row
         stride), `w` the `[N, K]` Q4_1 weights interleaved by 16 outputs (`linear.interleave_q4_1`)."""
-        rows, k = x.shape
-        status = self._matmul(
-            x.data_ptr(),
-            x.stride(0),
-            rows,
-            k,
-            packed.data_ptr(),
-            scale.data_ptr(),
-            offset.data_ptr(),
-            out.shape[1],
-            out.data_ptr(),
-            out.stride(0),
-            int(accumulate),
-            torch.get_num_threads(),
-        )
-        _check("q4_1_matmul", status)
+        _q4_1_product(self._matmul, "q4_1_matmul", x, packed, scale, offset, out, accumulate)
 
     def matmul_int8(
         self,
@@ -108,22 +94,7 @@ class CpuKernels:
     ) -> None:
         """`out (+)= x @ w.T` as `matmul`, with each row of `x` quantized to int8 per block of 32
         inputs, for `w` in the VNNI layout (`linear.interleave_q4_1_vnni`). Only where `vnni`."""
-        rows, k = x.shape
-        status = self._matmul_int8(
-            x.data_ptr(),
-            x.stride(0),
-            rows,
-            k,
-            vnni.data_ptr(),
-            scale.data_ptr(),
-            offset.data_ptr(),
-            out.shape[1],
-            out.data_ptr(),
-            out.stride(0),
-            int(accumulate),
-            torch.get_num_threads(),
-        )
-        _check("q4_1_matmul_q8", status)
+        _q4_1_product(self._matmul_int8, "q4_1_matmul_q8", x, vnni, scale, offset, out, accumulate)
 
     def q8_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """`x @ w.T` (a new `[M, N]` tensor) for `x` `[M, K]` fp32, rows contiguous, and the Q8_0
@@ -255,6 +226,35 @@ def _built(compiler: Path, directory: Path) -> Path:
             raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr else "")
         os.replace(staged, target)
     return target
+
+
+def _q4_1_product(
+    function: Callable[..., int],
+    name: str,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    out: torch.Tensor,
+    accumulate: bool,
+) -> None:
+    """Call one of the two Q4_1 product kernels (same arguments, their weights in their layout)."""
+    rows, k = x.shape
+    status = function(
+        x.data_ptr(),
+        x.stride(0),
+        rows,
+        k,
+        weights.data_ptr(),
+        scale.data_ptr(),
+        offset.data_ptr(),
+        out.shape[1],
+        out.data_ptr(),
+        out.stride(0),
+        int(accumulate),
+        torch.get_num_threads(),
+    )
+    _check(name, status)
 
 
 def _check(kernel: str, status: int) -> None:
