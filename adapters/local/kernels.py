@@ -131,24 +131,7 @@ class CpuKernels:
         over their own pages of one layer's pool (`keys`, `values`: `[pages, page_size, kv_heads, d]`,
         contiguous). `segments`: int32 `[S, 3]` rows of (row, first token slot, tokens), each a
         stretch of consecutive slots, rows ascending, every row at least once (`DecodePlan.segments`)."""
-        rows, heads, dim = q.shape
-        kv_heads = keys.shape[2]
-        out = torch.empty(rows, heads * dim, dtype=torch.float32)
-        status = self._attention(
-            q.data_ptr(),
-            rows,
-            heads,
-            kv_heads,
-            dim,
-            keys.data_ptr(),
-            values.data_ptr(),
-            kv_heads * dim,
-            segments.data_ptr(),
-            segments.shape[0],
-            dim**-0.5,
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
+        status, out = _attend(self._attention, q, keys, values, segments, segments.shape[0])
         if status != 0:
             raise RuntimeError(f"decode_attention failed: status {status} (-1 out of memory, -2 bad shape)")
         return out
@@ -160,24 +143,7 @@ class CpuKernels:
         their context in one layer's pool (`keys`, `values` as for `decode_attention`): `context`,
         int32 `[L]`, the token slots of the whole context in order, the chunk's own `n` last; row i
         sees the first `L - n + i + 1`."""
-        rows, heads, dim = q.shape
-        kv_heads = keys.shape[2]
-        out = torch.empty(rows, heads * dim, dtype=torch.float32)
-        status = self._prefill_attention(
-            q.data_ptr(),
-            rows,
-            heads,
-            kv_heads,
-            dim,
-            keys.data_ptr(),
-            values.data_ptr(),
-            kv_heads * dim,
-            context.data_ptr(),
-            context.shape[0],
-            dim**-0.5,
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
+        status, out = _attend(self._prefill_attention, q, keys, values, context, context.shape[0])
         _check("prefill_attention", status)
         return out
 
@@ -226,6 +192,37 @@ def _built(compiler: Path, directory: Path) -> Path:
             raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr else "")
         os.replace(staged, target)
     return target
+
+
+def _attend(
+    function: Callable[..., int],
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    table: torch.Tensor,
+    length: int,
+) -> tuple[int, torch.Tensor]:
+    """Call one of the two attention kernels (same arguments; `table` is each one's plan of the
+    context: decode segments or prefill slots); returns its status and the output."""
+    rows, heads, dim = q.shape
+    kv_heads = keys.shape[2]
+    out = torch.empty(rows, heads * dim, dtype=torch.float32)
+    status = function(
+        q.data_ptr(),
+        rows,
+        heads,
+        kv_heads,
+        dim,
+        keys.data_ptr(),
+        values.data_ptr(),
+        kv_heads * dim,
+        table.data_ptr(),
+        length,
+        dim**-0.5,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return status, out
 
 
 def _q4_1_product(
