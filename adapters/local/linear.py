@@ -32,9 +32,9 @@ from adapters.local.kernels import CpuKernels
 
 FUSED_MAX_ROWS = 64
 """Most rows a Q4_1 product runs through the packed kernel; more run with int8 activations or by
-MKL on the fp32 copy (`prefill_activations`). The
-120 layer products with weights streamed from memory, dev box: 32 rows 77 vs 104-114 ms for MKL,
-64 rows 148-162 vs 177-215 ms; a chunk of hundreds of rows runs faster in MKL."""
+MKL on the fp32 copy (`prefill_activations`). The 120 layer products with weights streamed from
+memory, dev box: 32 rows 77 vs 104-114 ms for MKL, 64 rows 148-162 vs 177-215 ms; a chunk of
+hundreds of rows runs faster in MKL."""
 Q4_1_BLOCK = 32
 """Weights per block, in Q4_1 as in Q8_0."""
 GROUP = 16
