@@ -67,6 +67,12 @@ class CpuKernels:
         self._matmul_int8 = library.q4_1_matmul_q8
         self._matmul_int8.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I]
         self._matmul_int8.restype = _I
+        self._rope_store = library.rope_store
+        self._rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _I]
+        self._rope_store.restype = None
+        self._swiglu = library.swiglu
+        self._swiglu.argtypes = [_P, _I, _I, _I, _P, _I, _I]
+        self._swiglu.restype = None
 
     def matmul(
         self,
@@ -122,6 +128,58 @@ class CpuKernels:
         rows, k = x.shape
         out = torch.empty(rows, k, dtype=torch.float32)
         self._rms_norm(x.data_ptr(), x.stride(0), rows, k, weight.data_ptr(), eps, out.data_ptr(), k)
+        return out
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        positions: torch.Tensor,
+        cos_half: torch.Tensor,
+        sin_half: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """RoPE and the pool writes of a step's rows in one pass: `qkv` `[n, (heads + 2 kv_heads) * 64]`
+        fp32 (rows contiguous, any row stride) holds each row's q, k and v heads; q and k are rotated
+        by the row's position (`positions` int64 `[n]`; `cos_half`, `sin_half` `[positions, 32]`), k
+        and v written to slot `slots[i]` (int64) of one layer's pool (`keys`, `values`: `[pages,
+        page_size, kv_heads, 64]`, contiguous). Returns the rotated q, `[n, heads, 64]`."""
+        rows = qkv.shape[0]
+        kv_heads, dim = keys.shape[2], keys.shape[3]
+        if dim != 64 or qkv.shape[1] != (heads + 2 * kv_heads) * dim or qkv.stride(1) != 1:
+            raise ValueError(f"rope_store does not take qkv {tuple(qkv.shape)} with {heads} heads")
+        q = torch.empty(rows, heads, dim, dtype=torch.float32)
+        self._rope_store(
+            qkv.data_ptr(),
+            qkv.stride(0),
+            rows,
+            heads,
+            kv_heads,
+            positions.data_ptr(),
+            cos_half.data_ptr(),
+            sin_half.data_ptr(),
+            q.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            kv_heads * dim,
+            slots.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return q
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` (a new `[M, F]` tensor) for `gate_up` `[M, 2F]` fp32 (rows contiguous,
+        any row stride; F a multiple of 16): the gate in the first F columns, up in the rest."""
+        rows, width = gate_up.shape
+        ffn = width // 2
+        if width % 32 != 0 or gate_up.stride(1) != 1:
+            raise ValueError(f"swiglu does not take gate_up {tuple(gate_up.shape)}")
+        out = torch.empty(rows, ffn, dtype=torch.float32)
+        self._swiglu(
+            gate_up.data_ptr(), gate_up.stride(0), rows, ffn, out.data_ptr(), ffn, torch.get_num_threads()
+        )
         return out
 
     def decode_attention(

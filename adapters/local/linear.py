@@ -12,12 +12,15 @@ dev box, the 120 layer products of a SmolLM2 step with the weights streamed from
 30.6 ms against MKL's 63-68 ms on fp32; one row 8.7-9.8 ms against 12.3-13.5 ms for GGUF's own
 block order (the layout before) and 25-30 ms for MKL.
 
-Prompt chunks of more than `FUSED_MAX_ROWS` rows are compute-bound. With `prefill_activations =
-"int8"` (the default) they run in the VNNI kernel on a second packing of the same nibbles
-(`interleave_q4_1_vnni`), each row quantized to int8 per block of 32: the 120 layer products of a
-512-row chunk took 487 ms against MKL's 984 ms on fp32 (dev box), at ~0.5 % relative error. With
-"fp32" they run in MKL on the dequantized fp32 copy (130-150 GFLOP/s at best here; the fp32 kernel
-reaches ~90 at 64 rows), exact. Only the copy a mode uses is kept: int8 spares the 4-byte copy.
+Prompt chunks are compute-bound. With `prefill_activations = "int8"` (the default) every prompt
+row runs in the VNNI kernel on a second packing of the same nibbles (`interleave_q4_1_vnni`), each
+row quantized to int8 per block of 32: the 120 layer products of a 512-row chunk took 487 ms against
+MKL's 984 ms on fp32 (dev box), at ~0.5 % relative error; decode rows stay in the exact kernel, up
+to `FUSED_MAX_ROWS` at a time. The callers say which rows are prompt rows (`prompt_from`), so a row's
+arithmetic never depends on what shares its step: a short prompt batched with a long one gets the
+tokens it gets alone. With "fp32" chunks of more than `FUSED_MAX_ROWS` rows run in MKL on the
+dequantized fp32 copy (130-150 GFLOP/s at best here; the fp32 kernel reaches ~90 at 64 rows), exact.
+Only the copy a mode uses is kept: int8 spares the 4-byte copy.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from adapters.local.config import PrefillActivations
 from adapters.local.kernels import CpuKernels
 
 FUSED_MAX_ROWS = 64
-"""Most rows a Q4_1 product runs through the packed kernel; more run with int8 activations or by
-MKL on the fp32 copy (`prefill_activations`). The 120 layer products with weights streamed from
+"""Most rows one call of the exact packed kernel takes; without `vnni`, a product of more rows runs
+in MKL on the fp32 copy (`prefill_activations`). The 120 layer products with weights streamed from
 memory, dev box: 32 rows 77 vs 104-114 ms for MKL, 64 rows 148-162 vs 177-215 ms; a chunk of
 hundreds of rows runs faster in MKL."""
 Q4_1_BLOCK = 32
@@ -49,12 +52,13 @@ class Linear(Protocol):
         """Bytes the weight holds in memory."""
         ...
 
-    def mm(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ w.T` for `x` `[rows, in]`: a new `[rows, out]` tensor."""
+    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+        """`x @ w.T` for `x` `[rows, in]`: a new `[rows, out]` tensor. `prompt_from`: rows from this
+        one on are prompt rows (see `Q4Linear`); None: none are."""
         ...
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        """`out += x @ w.T`, in place (the residual adds of a decode step)."""
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
+        """`out += x @ w.T`, in place (the residual adds)."""
         ...
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -72,10 +76,10 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight_t.numel() * self.weight_t.element_size()
 
-    def mm(self, x: torch.Tensor) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
         return x @ self.weight_t
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
         out.addmm_(x, self.weight_t)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -85,9 +89,9 @@ class DenseLinear:
 @dataclass(slots=True)
 class Q4Linear:
     """A Q4_1 weight `[out, in]` kept packed (`interleave_q4_1`: `packed` `[out/16, in/2, 16]` bytes,
-    `scale` and `offset` `[out/16, in/32, 16]` fp32) for products of up to `FUSED_MAX_ROWS` rows;
-    longer ones run on exactly one of: `vnni` (`interleave_q4_1_vnni`, int8 activations) or
-    `weight_t` (fp32 `[in, out]`, MKL, exact)."""
+    `scale` and `offset` `[out/16, in/32, 16]` fp32) for exact products (up to `FUSED_MAX_ROWS`
+    rows a call), and exactly one of: `vnni` (`interleave_q4_1_vnni`): prompt rows with int8
+    activations; or `weight_t` (fp32 `[in, out]`): products of more rows in MKL, exact."""
 
     packed: torch.Tensor
     scale: torch.Tensor
@@ -101,20 +105,20 @@ class Q4Linear:
         parts = (self.packed, self.scale, self.offset, self.weight_t, self.vnni)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def mm(self, x: torch.Tensor) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             return x @ self.weight_t
         out = torch.empty(x.shape[0], self.packed.shape[0] * GROUP, dtype=torch.float32)
-        self._product(x, out, accumulate=False)
+        self._product(x, out, accumulate=False, prompt_from=prompt_from)
         return out
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             out.addmm_(x, self.weight_t)
         elif out.stride(-1) != 1:
-            out.add_(self.mm(x))
+            out.add_(self.mm(x, prompt_from))
         else:
-            self._product(x, out, accumulate=True)
+            self._product(x, out, accumulate=True, prompt_from=prompt_from)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         group, lane = ids // GROUP, ids % GROUP  # output n is lane n % 16 of group n // 16
@@ -124,12 +128,22 @@ class Q4Linear:
         offset = self.offset[group, :, lane].repeat_interleave(Q4_1_BLOCK, dim=1)
         return q * scale + offset  # as `gguf` computes it (no fused multiply-add)
 
-    def _product(self, x: torch.Tensor, out: torch.Tensor, *, accumulate: bool) -> None:
+    def _product(
+        self, x: torch.Tensor, out: torch.Tensor, *, accumulate: bool, prompt_from: int | None
+    ) -> None:
+        """Rows before `prompt_from` (all where None or without `vnni`) in the exact kernel, up to
+        `FUSED_MAX_ROWS` at a time; the prompt rows after them with int8 activations."""
         rows = _rows_contiguous(x)
-        if x.shape[0] > FUSED_MAX_ROWS and self.vnni is not None:
-            self.kernel.matmul_int8(rows, self.vnni, self.scale, self.offset, out, accumulate=accumulate)
-        else:
-            self.kernel.matmul(rows, self.packed, self.scale, self.offset, out, accumulate=accumulate)
+        exact = rows.shape[0] if prompt_from is None or self.vnni is None else prompt_from
+        for start in range(0, exact, FUSED_MAX_ROWS):
+            part = slice(start, min(exact, start + FUSED_MAX_ROWS))
+            self.kernel.matmul(
+                rows[part], self.packed, self.scale, self.offset, out[part], accumulate=accumulate
+            )
+        if self.vnni is not None and exact < rows.shape[0]:
+            self.kernel.matmul_int8(
+                rows[exact:], self.vnni, self.scale, self.offset, out[exact:], accumulate=accumulate
+            )
 
 
 @dataclass(slots=True)
@@ -148,10 +162,10 @@ class Q8Linear:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale))
 
-    def mm(self, x: torch.Tensor) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
         return self.kernel.q8_matmul(_rows_contiguous(x), self.packed, self.scale)
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
         out.add_(self.mm(x))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -182,23 +182,33 @@ class LlamaModel:
                 context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
                 for seg in batch.prefills
             ]
+        # Decode rows come first (in the batch and among the logit rows); the products take the
+        # prompt rows after them with int8 activations where `prefill_activations` says so.
+        prompt_from = batch.decode.count if batch.decode is not None else 0
         for index, layer in enumerate(self.layers):
             h = norm(x, layer.attn_norm, spec.rms_norm_eps)
-            qkv = layer.wqkv.mm(h)
-            qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
-            rotated = qk.roll(self._half, dims=-1)
-            qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
-            q, k = qk[:, :n_q], qk[:, n_q:]
-            v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
+            qkv = layer.wqkv.mm(h, prompt_from)
             k_pages, v_pages = pool.k[index], pool.v[index]
-            k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
-            v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
+            k: torch.Tensor | None = None
+            v: torch.Tensor | None = None
+            if contexts is not None and self._kernels is not None:  # every row attends in the kernels
+                q = self._kernels.rope_store(
+                    qkv, n_q, batch.positions, self._cos_half, self._sin_half, k_pages, v_pages, batch.slots
+                )
+            else:
+                qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
+                rotated = qk.roll(self._half, dims=-1)
+                qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
+                q, k = qk[:, :n_q], qk[:, n_q:]
+                v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
+                k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
+                v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
             attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
                 x, attn = x[batch.logit_rows], attn[batch.logit_rows]
-            x.add_(layer.wo.mm(attn))
-            self._mlp(x, layer, norm)
+            layer.wo.addmm_(x, attn, prompt_from)
+            self._mlp(x, layer, norm, prompt_from)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -255,34 +265,41 @@ class LlamaModel:
             return self._kernels.rms_norm
         return fallback
 
-    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm, prompt_from: int) -> torch.Tensor:
         """`x += SwiGLU(RMSNorm(x))` in blocks of rows: a long chunk's `[rows, 2 * ffn]`
         intermediate would otherwise be its largest temporary (12.6 MB at 1,024 rows)."""
         spec = self.spec
+        kernels = self._kernels if spec.intermediate_size % 16 == 0 else None
         for start in range(0, x.shape[0], MLP_BLOCK_ROWS):
             rows = x[start : start + MLP_BLOCK_ROWS]
-            h = norm(rows, layer.ffn_norm, spec.rms_norm_eps)
-            gate, up = layer.w_gate_up.mm(h).chunk(2, dim=-1)
-            rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up)))
+            block_prompt_from = max(0, prompt_from - start)
+            gate_up = layer.w_gate_up.mm(norm(rows, layer.ffn_norm, spec.rms_norm_eps), block_prompt_from)
+            if kernels is not None:
+                layer.w_down.addmm_(rows, kernels.swiglu(gate_up), block_prompt_from)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up), block_prompt_from))
         return x
 
     def _attention(
         self,
         batch: ForwardBatch,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         k_pages: torch.Tensor,
         v_pages: torch.Tensor,
         contexts: list[torch.Tensor] | None,
     ) -> torch.Tensor:
         """Decode rows and prompt chunks of a step; `contexts`: each chunk's context slots where the
-        C kernel attends (`context_slots`), None: torch's flash kernel over the page runs."""
+        C kernel attends (`context_slots`; the chunk's own `k`, `v` then unused, None), None: torch's
+        flash kernel over the page runs, with the chunk's `k` and `v`."""
         plan = batch.decode  # decode-only steps take `_decode` instead
         kernels = self._kernels
         if plan is None and len(batch.prefills) == 1:
             if contexts is not None and kernels is not None:
                 return kernels.prefill_attention(q.contiguous(), k_pages, v_pages, contexts[0])
+            assert k is not None and v is not None  # computed wherever the kernel does not attend
             return prefill_attention(q, k, v, k_pages, v_pages, batch.prefills[0].prefix)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
         if plan is not None and plan.segments is not None and self._kernels is not None:
@@ -297,6 +314,7 @@ class LlamaModel:
                     q[rows].contiguous(), k_pages, v_pages, contexts[number]
                 )
             else:
+                assert k is not None and v is not None
                 out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_pages, v_pages, seg.prefix)
         return out
 

@@ -139,30 +139,35 @@ def test_vnni_layout_holds_the_same_nibbles() -> None:
         assert scale[g, k // 32, j] * value.float() + offset[g, k // 32, j] == weight[n, k]
 
 
-# More than FUSED_MAX_ROWS rows take int8 activations: whole tiles of 8 rows and a partial one.
-@pytest.mark.parametrize("rows", [FUSED_MAX_ROWS + 1, FUSED_MAX_ROWS + 8, 100])
+# Prompt rows take int8 activations however many there are: one, partial and whole tiles of 8 rows,
+# more than the exact kernel's FUSED_MAX_ROWS.
+@pytest.mark.parametrize("rows", [1, 9, FUSED_MAX_ROWS + 1, 100])
 def test_int8_prefill_products_quantize_each_block_of_each_row(vnni_kernels: CpuKernels, rows: int) -> None:
-    tensor, weight = _q4_1_weight(48, 128, seed=rows)
+    tensor, weight = _q4_1_weight(64, 128, seed=rows)
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
     linear = Q4Linear(packed, scale, offset, kernel=vnni_kernels, vnni=interleave_q4_1_vnni(packed))
     wide = torch.randn(rows, 256)
     x = wide[:, 64:192]
-    x[3, :32] = 0.0  # an all-zero block quantizes to zeros, not NaN
+    x[0, :32] = 0.0  # an all-zero block quantizes to zeros, not NaN
     expected = _int8_rows(x) @ weight.t()
-    torch.testing.assert_close(linear.mm(x), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(linear.mm(x, prompt_from=0), expected, rtol=1e-4, atol=1e-4)
     exact = x @ weight.t()
-    assert ((linear.mm(x) - exact).norm() / exact.norm()).item() < 0.02
-    residual = torch.randn(rows, 48)
+    assert ((linear.mm(x, prompt_from=0) - exact).norm() / exact.norm()).item() < 0.02
+    residual = torch.randn(rows, 64)
     into = residual.clone()
-    linear.addmm_(into, x)
+    linear.addmm_(into, x, prompt_from=0)
     torch.testing.assert_close(into, residual + expected, rtol=1e-4, atol=1e-4)
-    columns = torch.randn(48, rows).t()  # an output whose rows are not contiguous
-    linear.addmm_(columns, x)
+    columns = torch.randn(64, rows).t()  # an output whose rows are not contiguous
+    linear.addmm_(columns, x, prompt_from=0)
     assert torch.isfinite(columns).all()
     ids = torch.tensor([0, 17, 47])
     assert torch.equal(linear.rows(ids), weight[ids])  # no dense copy: rows come from the nibbles
-    short = x[:FUSED_MAX_ROWS]  # decode batches and short chunks stay exact
-    torch.testing.assert_close(linear.mm(short), short @ weight.t(), rtol=1e-5, atol=1e-5)
+    # Rows before `prompt_from` (decode rows) stay exact, in blocks of FUSED_MAX_ROWS; None: all.
+    torch.testing.assert_close(linear.mm(x), exact, rtol=1e-5, atol=1e-5)
+    decode = rows // 2
+    mixed = linear.mm(x, prompt_from=decode)
+    torch.testing.assert_close(mixed[:decode], exact[:decode], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed[decode:], expected[decode:], rtol=1e-4, atol=1e-4)
 
 
 def test_the_int8_kernel_refuses_shapes_it_cannot_tile(vnni_kernels: CpuKernels) -> None:
@@ -272,6 +277,40 @@ def test_prefill_attention_refuses_shapes_it_does_not_handle(kernels: CpuKernels
 def test_rms_norm_matches_the_torch_formula(kernels: CpuKernels) -> None:
     x, weight = torch.randn(3, 576), torch.rand(576)
     torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-5), _rms_norm(x, weight, 1e-5))
+
+
+def test_rope_store_rotates_q_and_k_and_writes_k_and_v_to_their_slots(kernels: CpuKernels) -> None:
+    heads, kv_heads, dim, rows = 9, 3, 64, 37
+    generator = torch.Generator().manual_seed(3)
+    wide = torch.randn(rows, (heads + 2 * kv_heads) * dim + 5, generator=generator)
+    qkv = wide[:, : (heads + 2 * kv_heads) * dim]  # a row stride wider than the row, as a view
+    positions = torch.randint(0, 500, (rows,), generator=generator)
+    slots = torch.randperm(8 * 16, generator=generator)[:rows]
+    angles = torch.arange(512, dtype=torch.float32)[:, None] * (1e4 ** -(torch.arange(0, dim, 2) / dim))
+    cos_half, sin_half = angles.cos(), angles.sin()
+    keys, values = torch.zeros(8, 16, kv_heads, dim), torch.zeros(8, 16, kv_heads, dim)
+
+    q = kernels.rope_store(qkv, heads, positions, cos_half, sin_half, keys, values, slots)
+
+    heads_of = qkv.view(rows, heads + 2 * kv_heads, dim)
+    cos = torch.cat([cos_half[positions]] * 2, dim=-1).unsqueeze(1)
+    sin = torch.cat([-sin_half[positions], sin_half[positions]], dim=-1).unsqueeze(1)
+    rotated = heads_of[:, : heads + kv_heads] * cos + heads_of[:, : heads + kv_heads].roll(dim // 2, -1) * sin
+    torch.testing.assert_close(q, rotated[:, :heads])
+    torch.testing.assert_close(keys.view(-1, kv_heads, dim)[slots], rotated[:, heads:])
+    assert torch.equal(values.view(-1, kv_heads, dim)[slots], heads_of[:, heads + kv_heads :])
+    untouched = torch.ones(8 * 16, dtype=torch.bool)
+    untouched[slots] = False
+    assert not keys.view(-1, kv_heads, dim)[untouched].any()
+
+
+def test_swiglu_matches_torch(kernels: CpuKernels) -> None:
+    gate_up = torch.randn(70, 2 * 1536) * 6  # wide enough to reach both tails of the sigmoid
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.swiglu(gate_up), F.silu(gate) * up)
+    with pytest.raises(ValueError, match="swiglu"):
+        kernels.swiglu(torch.zeros(2, 40))
 
 
 def test_no_compiler_means_no_kernel_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
