@@ -178,39 +178,92 @@ AVX512 static void attend_window(const float *qbuf, int Q, const float *k, const
     }
 }
 
+/* A segment's sort key: its stretch (first slot, tokens), then its index. Ordered so, the segments
+   of rows on one cached prefix (the same stretches) sit side by side. */
+typedef struct {
+    int32_t first, tokens, index;
+} StretchKey;
+
+static int by_stretch(const void *a, const void *b) {
+    const StretchKey *x = a, *y = b;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    if (x->tokens != y->tokens) return x->tokens < y->tokens ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
 /* Decode rows over their own pages. `segments` [S][3]: (row, first token slot, tokens), a stretch
    of consecutive slots (a run of consecutive pages, or part of one), rows in ascending order,
-   every row with at least one. Token slot s of KV head j is at k/v + s * ts + j * 64. A segment is
-   a unit of work: every KV head of its row attends over it in turn; a row's segments are merged
-   by their maxima at the end. Returns 0, -1 when out of memory, -2 on shapes it does not handle
-   (head dimension not 64). */
+   every row with at least one. Token slot s of KV head j is at k/v + s * ts + j * 64. Segments of
+   different rows over the same stretch (a prefix shared from the cache) are one unit of work: each
+   KV head reads the stretch once for all of their queries, while it is in cache, instead of once
+   per row (each query's arithmetic is the same either way, so the result is too). A row's
+   segments are merged by their maxima at the end. Returns 0, -1 when out of memory, -2 on shapes
+   it does not handle (head dimension not 64). */
 AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const float *k, const float *v,
                             int ts, const int32_t *segments, int S, float scale, float *out, int threads) {
     if (D != HEAD_DIM || H % KVH != 0 || S < 1 || R < 1) return -2;
     const int groups = H / KVH, per_segment = KVH * groups;
     int span = 1;
     for (int s = 0; s < S; s++) span = segments[3 * s + 2] > span ? segments[3 * s + 2] : span;
-    float *scores = malloc(sizeof(float) * (size_t)S * QUERY_BLOCK * span);
     Stats *stats = malloc(sizeof(Stats) * (size_t)S * per_segment);
     float *acc = malloc(sizeof(float) * (size_t)S * per_segment * D);
-    int status = 0;
-    if (scores == NULL || stats == NULL || acc == NULL) {
+    StretchKey *keys = malloc(sizeof(StretchKey) * (size_t)S);
+    int *order = malloc(sizeof(int) * (size_t)S), *starts = malloc(sizeof(int) * ((size_t)S + 1));
+    int *first = NULL;
+    int status = 0, units = 0, widest = 1;
+    if (stats == NULL || acc == NULL || keys == NULL || order == NULL || starts == NULL) {
         status = -1;
         goto done;
     }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (int s = 0; s < S; s++) {
-        const int r = segments[3 * s], n = segments[3 * s + 2];
-        const size_t slot = (size_t)segments[3 * s + 1];
-        for (int j = 0; j < KVH; j++) {
-            const size_t unit = (size_t)s * per_segment + (size_t)j * groups;
-            attend_window(q + ((size_t)r * H + (size_t)j * groups) * D, groups, k + slot * ts + (size_t)j * D,
-                          v + slot * ts + (size_t)j * D, ts, n, scale, scores + (size_t)s * QUERY_BLOCK * span,
-                          stats + unit, acc + unit * D);
-        }
+    for (int s = 0; s < S; s++) keys[s] = (StretchKey){segments[3 * s + 1], segments[3 * s + 2], s};
+    qsort(keys, (size_t)S, sizeof(StretchKey), by_stretch);
+    for (int i = 0; i < S; i++) {
+        order[i] = keys[i].index;
+        if (i == 0 || keys[i].first != keys[i - 1].first || keys[i].tokens != keys[i - 1].tokens) starts[units++] = i;
     }
+    starts[units] = S;
+    for (int u = 0; u < units; u++) widest = starts[u + 1] - starts[u] > widest ? starts[u + 1] - starts[u] : widest;
+#pragma omp parallel num_threads(threads)
+    {
+        /* Per thread: the unit's queries, their scores, statistics and outputs. */
+        const size_t queries = (size_t)widest * groups;
+        float *qbuf = malloc(sizeof(float) * queries * D), *unit_acc = malloc(sizeof(float) * queries * D);
+        float *scores = malloc(sizeof(float) * (size_t)QUERY_BLOCK * span);
+        Stats *unit_stats = malloc(sizeof(Stats) * queries);
+        if (qbuf == NULL || unit_acc == NULL || scores == NULL || unit_stats == NULL) {
+#pragma omp atomic write
+            status = -1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int uj = 0; uj < units * KVH; uj++) {
+            int failed;
+#pragma omp atomic read
+            failed = status;
+            if (failed != 0) continue;
+            const int u = uj / KVH, j = uj % KVH, members = starts[u + 1] - starts[u];
+            const int32_t *stretch = segments + 3 * order[starts[u]];
+            const size_t slot = (size_t)stretch[1];
+            for (int i = 0; i < members; i++) {
+                const int r = segments[3 * order[starts[u] + i]];
+                memcpy(qbuf + (size_t)i * groups * D, q + ((size_t)r * H + (size_t)j * groups) * D,
+                       sizeof(float) * groups * D);
+            }
+            attend_window(qbuf, members * groups, k + slot * ts + (size_t)j * D, v + slot * ts + (size_t)j * D, ts,
+                          stretch[2], scale, scores, unit_stats, unit_acc);
+            for (int i = 0; i < members; i++) {
+                const size_t unit = (size_t)order[starts[u] + i] * per_segment + (size_t)j * groups;
+                memcpy(stats + unit, unit_stats + (size_t)i * groups, sizeof(Stats) * groups);
+                memcpy(acc + unit * D, unit_acc + (size_t)i * groups * D, sizeof(float) * groups * D);
+            }
+        }
+        free(qbuf);
+        free(unit_acc);
+        free(scores);
+        free(unit_stats);
+    }
+    if (status != 0) goto done;
     /* A row's segments are consecutive (rows ascending): merge each row's on its own thread. */
-    int *first = malloc(sizeof(int) * ((size_t)R + 1));
+    first = malloc(sizeof(int) * ((size_t)R + 1));
     if (first == NULL) {
         status = -1;
         goto done;
@@ -242,9 +295,11 @@ AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const 
                 _mm512_storeu_ps(out + ((size_t)r * H + i) * D + c * 16, _mm512_div_ps(merged[c], sum));
         }
     }
-    free(first);
 done:
-    free(scores);
+    free(first);
+    free(keys);
+    free(order);
+    free(starts);
     free(stats);
     free(acc);
     return status;

@@ -230,6 +230,26 @@ def test_decode_attention_matches_sdpa_over_each_rows_pages(kernels: CpuKernels,
         torch.testing.assert_close(out[row], expected.reshape(heads * dim))
 
 
+def test_decode_attention_over_a_shared_prefix_equals_each_row_alone(kernels: CpuKernels) -> None:
+    """Rows on one cached prefix share its stretches (one unit of work for all of them); each row's
+    result is bit for bit what it gets attended on its own."""
+    heads, kv_heads, dim, page_size = 9, 3, 64, 16
+    pool_k, pool_v = torch.randn(120, page_size, kv_heads, dim), torch.randn(120, page_size, kv_heads, dim)
+    prefix = list(range(10, 74))  # 1,024 tokens: 8 shared stretches of 128
+    tables = [[*prefix, 80 + 3 * row, 81 + 3 * row] for row in range(7)]  # each row's own 2 pages
+    lengths = [1024 + 5 + 4 * row for row in range(7)]
+    contexts = list(zip(tables, lengths, strict=True))
+    q = torch.randn(len(tables), heads, dim)
+    together = kernels.decode_attention(q, pool_k, pool_v, segments(contexts, page_size))
+    for row, context in enumerate(contexts):
+        alone = kernels.decode_attention(q[row : row + 1], pool_k, pool_v, segments([context], page_size))
+        assert torch.equal(together[row], alone[0])
+    keys = pool_k[tables[2]].view(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
+    values = pool_v[tables[2]].view(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
+    expected = F.scaled_dot_product_attention(q[2].unsqueeze(1).unsqueeze(0), keys, values, enable_gqa=True)
+    torch.testing.assert_close(together[2], expected.reshape(heads * dim))
+
+
 def test_decode_attention_refuses_a_head_dimension_it_does_not_handle(kernels: CpuKernels) -> None:
     pool = torch.randn(2, 16, 2, 32)
     with pytest.raises(RuntimeError, match="bad shape"):
