@@ -1,5 +1,6 @@
 /* The embedded engine's C kernels (built and loaded by kernels.py): matrix products straight from
-   GGUF Q4_1 and Q8_0 weights, decode attention over each row's KV pages, and RMSNorm.
+   GGUF Q4_1 and Q8_0 weights (fp32 activations, or int8 ones for prompt rows), decode and prefill
+   attention over KV pages, RMSNorm, and a prompt chunk's RoPE with its K/V writes and SwiGLU.
 
    A Q4_1 block holds 32 consecutive weights of one row as 4-bit integers q (0..15), a scale d and
    an offset m: w = d * q + m; a Q8_0 block 32 int8 q and a scale: w = d * q. The weights stay

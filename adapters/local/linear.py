@@ -14,8 +14,8 @@ block order (the layout before) and 25-30 ms for MKL.
 
 Prompt chunks are compute-bound. With `prefill_activations = "int8"` (the default) every prompt
 row runs in the VNNI kernel on a second packing of the same nibbles (`interleave_q4_1_vnni`), each
-row quantized to int8 per block of 32: the 120 layer products of a 512-row chunk took 487 ms against
-MKL's 984 ms on fp32 (dev box), at ~0.5 % relative error; decode rows stay in the exact kernel, up
+row quantized to int8 per block of 32: the 120 layer products of a 512-row chunk took 367-450 ms
+against MKL's 984 ms on fp32 (dev box), at ~0.5 % relative error; decode rows stay in the exact kernel, up
 to `FUSED_MAX_ROWS` at a time. The callers say which rows are prompt rows (`prompt_from`), so a row's
 arithmetic never depends on what shares its step: a short prompt batched with a long one gets the
 tokens it gets alone. With "fp32" chunks of more than `FUSED_MAX_ROWS` rows run in MKL on the
