@@ -106,15 +106,16 @@ class UpstreamClient:
 
     async def post(self, url: httpx.URL, body: bytes, headers: Mapping[str, str] | None) -> UpstreamAnswer:
         """POST `body` with the client's headers plus `headers` and read the whole answer."""
-        if self._fast is None or url.scheme != "http":
+        fast = self._fast
+        target = None if fast is None else self._target(url)
+        if fast is None or target is None or not target.plain_http:
             response = await self.http.post(url, content=body, headers=headers)
             return UpstreamAnswer(response.status_code, response.content)
-        target = self._target(url)
         head = [target.head, b"content-length: %d\r\n" % len(body)]
         if headers:
             head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
         head += (b"\r\n", body)
-        answer = await self._fast.send_whole(target.origin, b"".join(head), self._timeouts)
+        answer = await fast.send_whole(target.origin, b"".join(head), self._timeouts)
         for name, _ in answer.headers:
             if name.lower() == b"content-encoding":  # upstreams are asked for identity; httpx decodes it
                 decoded = httpx.Response(answer.status, headers=answer.headers, content=answer.body)
@@ -141,7 +142,7 @@ class UpstreamClient:
             lines = [b"POST ", url.raw_path, b" HTTP/1.1\r\nhost: ", url.netloc, b"\r\n"]
             for name, value in self._headers:
                 lines += (name, b": ", value, b"\r\n")
-            target = _Target(url, Origin(url.host, url.port or 80), b"".join(lines))
+            target = _Target(url, url.scheme == "http", Origin(url.host, url.port or 80), b"".join(lines))
             if len(self._targets) >= _MAX_TARGETS:  # a caller building a URL per request: stay bounded
                 self._targets.clear()
             self._targets[id(url)] = target
@@ -167,6 +168,8 @@ _MAX_TARGETS = 64
 class _Target(NamedTuple):
     url: httpx.URL
     """Kept so its id cannot be reused by another URL while the entry exists."""
+    plain_http: bool
+    """Only `http` URLs go to the fast transport (asked once: httpx's `URL.scheme` is a Python call)."""
     origin: Origin
     head: bytes
     """`POST path HTTP/1.1`, Host and the client's headers."""

@@ -19,7 +19,7 @@ from litestar import Litestar
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from adapters.errors import EngineError
-from proxy.asgi_types import Message, Receive, Scope, Send
+from proxy.asgi_types import Receive, Scope, Send, tracking_status
 from proxy.errors import JSON, ApiError, ErrorDetail, encode_error, engine_error_detail
 from proxy.gateway import Gateway
 from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH, handle_generation
@@ -49,7 +49,7 @@ def with_fast_routes(
 class FastRoutes:
     """An ASGI app: the generation routes directly, everything else through `app`."""
 
-    __slots__ = ("_app", "_routes")
+    __slots__ = ("_app", "_routes", "direct_routes")
 
     def __init__(
         self, app: Litestar, trusted_proxies: list[str] | str | None = None, access_log: bool = False
@@ -62,6 +62,9 @@ class FastRoutes:
         for path, operation in ((CHAT_PATH, "chat"), (COMPLETIONS_PATH, "text_completion")):
             route = middleware(app=_Generation(gateway, operation))
             self._routes[path] = forwarded(route) if access_log or route.tracing else route
+        self.direct_routes: dict[bytes, Any] = {path.encode(): route for path, route in self._routes.items()}
+        """The routes by raw path, for a server that dispatches plain requests itself
+        (`proxy.server_protocol.GatewayHttpProtocol`); the route template is then set by that server."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -90,25 +93,18 @@ class _Generation:
         self._operation = operation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        response, send = tracking_status(scope, send)  # to know whether an error can still be answered
         try:
-            await handle_generation(self._gateway, self._operation, scope, receive, tracked)
+            await handle_generation(self._gateway, self._operation, scope, receive, send)
         except ApiError as exc:
-            await _answer(started, send, exc.status, exc.detail, exc.headers)
+            await _answer(response.status != 0, send, exc.status, exc.detail, exc.headers)
         except EngineError as exc:
-            await _answer(started, send, exc.status, engine_error_detail(exc), None)
+            await _answer(response.status != 0, send, exc.status, engine_error_detail(exc), None)
         except Exception as exc:
-            if started:
+            if response.status:
                 raise
             logger.error("unhandled error", exc_info=exc)
-            await _answer(started, send, 500, _INTERNAL, None)
+            await _answer(False, send, 500, _INTERNAL, None)
 
 
 async def _answer(

@@ -10,10 +10,16 @@ after it leave in one write. Measured in `benchmarks/RESULTS.md` "## overhead".
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
+from uvicorn._types import ASGI3Application
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
+from proxy.asgi_types import RESPONSE_STATUS_EXTENSION
+from proxy.direct_cycle import DefaultHead, DirectCycle
 from proxy.disconnect import DISCONNECT_EXTENSION, ConnectionLossHook
 
 _HEAD_START = b"HTTP/1.1 "
@@ -59,6 +65,9 @@ class HeadWithBodyTransport:
         self.flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:  # asked once per response: not through `__getattr__`
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
@@ -69,9 +78,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     Each request's scope also carries a `ConnectionLossHook` (`extensions`), fired when the
     connection closes before that request's response is complete: `DisconnectWatch` then needs no
     task of its own per request.
+
+    When the app is a `FastRoutes` (`proxy.fast_routes`), a plain request of a generation route runs
+    its route directly in a `DirectCycle` (`direct_route` says which requests are plain); every
+    other request, and the lifespan, go through uvicorn's cycle and the whole app as before.
     """
 
     _loss_hook: ConnectionLossHook | None = None
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        routes: Mapping[bytes, ASGI3Application] | None = getattr(self.app, "direct_routes", None)
+        # A root path or a concurrency limit changes what uvicorn does per request: no direct route then.
+        direct = routes is not None and not self.root_path and self.limit_concurrency is None
+        self._direct_routes: Mapping[bytes, ASGI3Application] = routes if direct and routes else {}
+        self._default_head = DefaultHead()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         wrapped = HeadWithBodyTransport(transport, self.loop)
@@ -81,6 +108,49 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         hook = self._loss_hook = ConnectionLossHook()
         self.scope["extensions"] = {DISCONNECT_EXTENSION: {"hook": hook}}  # ASGI: an extension is a dict
+
+    def on_headers_complete(self) -> None:
+        route = self.direct_route()
+        if route is None:
+            super().on_headers_complete()
+            return
+        path = self.url.decode("ascii")
+        scope = self.scope
+        scope["method"] = "POST"
+        scope["path"] = path
+        scope["raw_path"] = self.url
+        scope["query_string"] = b""
+        scope["path_template"] = path  # type: ignore[typeddict-unknown-key]  # as `FastRoutes` sets it
+        self.cycle = cycle = DirectCycle(
+            scope,
+            self.transport,
+            self.flow,
+            keep_alive=self.parser.should_keep_alive(),
+            default_head=self._default_head.lines(self.server_state.default_headers),
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            on_response=self.on_response_complete,
+        )
+        scope["extensions"][RESPONSE_STATUS_EXTENSION] = {"response": cycle}
+        self._start_asgi_task(cycle, route)
+
+    def direct_route(self) -> ASGI3Application | None:
+        """The route that serves the request whose head was just parsed in a `DirectCycle`, or None
+        when uvicorn's cycle serves it: another path or method, a query string, HTTP/1.0,
+        `Expect: 100-continue`, an upgrade, a chunked body, or pipelined behind an unfinished response."""
+        route = self._direct_routes.get(self.url)
+        if route is None or self.expect_100_continue:
+            return None
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.get_http_version() != "1.1" or parser.should_upgrade():
+            return None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return None
+        for name, _ in self.headers:
+            if name == b"transfer-encoding":
+                return None
+        return route
 
     def connection_lost(self, exc: Exception | None) -> None:
         cycle, hook = self.cycle, self._loss_hook

@@ -23,13 +23,15 @@ class GatewayServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
-            with_fast_routes(app),  # as `radixgate serve` runs it
+            app,
             lifespan="on",
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=2,
-            http=GatewayHttpProtocol,  # as `radixgate serve` runs it
+            http=GatewayHttpProtocol,  # as `radixgate serve` runs it, X-Forwarded-* included
+            proxy_headers=False,
         )
+        config.app = with_fast_routes(app, trusted_proxies=config.forwarded_allow_ips)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="gateway", daemon=True

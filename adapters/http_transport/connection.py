@@ -137,14 +137,13 @@ class Connection(asyncio.Protocol):
             return  # 1xx: informational, its message completes at once and the real answer follows
         self.status = status
         self.head_done = True
-        names = {name.lower() for name, _ in self.headers}
-        # llhttp reads such a body until EOF, which httptools cannot signal: connection_lost does.
-        self._until_eof = (
-            b"content-length" not in names
-            and b"transfer-encoding" not in names
-            and status not in (204, 304)
-            and not self._head_only
-        )
+        framed = False  # a length or chunks; without either, llhttp reads the body until EOF, which
+        for name, _ in self.headers:  # httptools cannot signal: connection_lost does
+            name = name.lower()
+            if name == b"content-length" or name == b"transfer-encoding":
+                framed = True
+                break
+        self._until_eof = not framed and status not in (204, 304) and not self._head_only
         if self._head_only:
             self.complete = True  # the parser would wait for the announced body; the connection is closed
 

@@ -14,6 +14,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from proxy.asgi_types import tracking_status
 from proxy.telemetry import propagation, semconv
 from proxy.telemetry.prometheus import GatewayMetrics
 
@@ -61,11 +62,11 @@ class ServerSpanMiddleware:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        response = _StatusSend(send)
+        response, send = tracking_status(scope, send)
         self.metrics.in_flight.inc()
         error_type: str | None = None
         try:
-            await self.app(scope, receive, response.send)
+            await self.app(scope, receive, send)
         except BaseException as exc:
             error_type = type(exc).__qualname__
             if span.is_recording():
@@ -83,11 +84,11 @@ class ServerSpanMiddleware:
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request with its Prometheus series and no span (tracing off, no caller's trace)."""
         started = time.perf_counter()
-        response = _StatusSend(send)
+        response, send = tracking_status(scope, send)
         metrics = self.metrics
         metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, response.send)
+            await self.app(scope, receive, send)
         finally:
             metrics.in_flight.dec()
             route: str | None = scope.get("path_template")
@@ -112,21 +113,6 @@ class ServerSpanMiddleware:
             span.set_attribute(semconv.ERROR_TYPE, error_type)
             span.set_status(trace.StatusCode.ERROR)
         span.end()
-
-
-class _StatusSend:
-    """Passes ASGI messages on and keeps the response's status (0 until one is sent)."""
-
-    __slots__ = ("_send", "status")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status = 0
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        await self._send(message)
 
 
 def _remote_parent(headers: list[tuple[bytes, bytes]]) -> otel_context.Context | None:
