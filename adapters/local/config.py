@@ -105,14 +105,15 @@ class LocalEngineConfig:
     from Q4_1/Q8_0-packed weights, attention over each row's pages, RMSNorm; where they build and
     the dtype is float32. False, or where they cannot: dense weights and torch's attention."""
     prefill_activations: PrefillActivations = "int8"
-    """Activations of prompt rows (every prompt chunk, however short), in their products with Q4_1
-    weights: "int8" quantizes each row per block of 32 (scale max|x| / 127), as GGUF engines do,
-    and multiplies in the C kernel with AVX-512 VNNI: these products run ~2x faster than MKL on fp32
-    (`benchmarks/RESULTS.md`, "## engine"), at ~0.5 % relative error per product. "fp32" keeps
-    them exact (MKL on the dequantized weights), as the reference-parity tests need. Decode rows
-    are exact either way. Which rows are int8 depends only on what each row is (prompt or decode),
-    never on what else is in the step, so batching, chunking and a cached prefix change no token.
-    Without VNNI (or the kernels), "int8" runs as "fp32"."""
+    """Activations of prompt rows, in their products with Q4_1 weights, for prompts longer than 64
+    tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): "int8" quantizes each row per
+    block of 32 (scale max|x| / 127), as GGUF engines do, and multiplies in the C kernel with
+    AVX-512 VNNI: these products run ~2x faster than MKL on fp32 (`benchmarks/RESULTS.md`,
+    "## engine"), at ~0.5 % relative error per product. "fp32" keeps them exact (MKL on the
+    dequantized weights), as the reference-parity tests need. Decode rows are exact either way.
+    Which rows are int8 depends only on each row's own request, never on what else is in the step,
+    so batching, chunking and a cached prefix change no token. Without VNNI (or the kernels), "int8"
+    runs as "fp32"."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None

@@ -12,14 +12,15 @@ dev box, the 120 layer products of a SmolLM2 step with the weights streamed from
 30.6 ms against MKL's 63-68 ms on fp32; one row 8.7-9.8 ms against 12.3-13.5 ms for GGUF's own
 block order (the layout before) and 25-30 ms for MKL.
 
-Prompt chunks are compute-bound. With `prefill_activations = "int8"` (the default) every prompt
-row runs in the VNNI kernel on a second packing of the same nibbles (`interleave_q4_1_vnni`), each
-row quantized to int8 per block of 32: the 120 layer products of a 512-row chunk took 367-450 ms
-against MKL's 984 ms on fp32 (dev box), at ~0.5 % relative error; decode rows stay in the exact kernel, up
-to `FUSED_MAX_ROWS` at a time. The callers say which rows are prompt rows (`prompt_from`), so a row's
-arithmetic never depends on what shares its step: a short prompt batched with a long one gets the
-tokens it gets alone. With "fp32" chunks of more than `FUSED_MAX_ROWS` rows run in MKL on the
-dequantized fp32 copy (130-150 GFLOP/s at best here; the fp32 kernel reaches ~90 at 64 rows), exact.
+Prompt chunks are compute-bound. With `prefill_activations = "int8"` (the default) the rows of
+prompts longer than `EXACT_PROMPT_TOKENS` run in the VNNI kernel on a second packing of the same
+nibbles (`interleave_q4_1_vnni`), each row quantized to int8 per block of 32: the 120 layer products
+of a 512-row chunk took 367-450 ms against MKL's 984 ms on fp32 (dev box), at ~0.5 % relative
+error. Decode rows and short prompts stay in the exact kernel, up to `FUSED_MAX_ROWS` rows a call.
+The callers say which rows take int8 (`int8_rows`), decided per sequence, so a row's arithmetic
+never depends on what shares its step: a short prompt batched with a long one gets the tokens it
+gets alone. With "fp32" chunks of more than `FUSED_MAX_ROWS` rows run in MKL on the dequantized
+fp32 copy (130-150 GFLOP/s at best here; the fp32 kernel reaches ~90 at 64 rows), exact.
 Only the copy a mode uses is kept: int8 spares the 4-byte copy.
 """
 
@@ -38,8 +39,14 @@ FUSED_MAX_ROWS = 64
 in MKL on the fp32 copy (`prefill_activations`). The 120 layer products with weights streamed from
 memory, dev box: 32 rows 77 vs 104-114 ms for MKL, 64 rows 148-162 vs 177-215 ms; a chunk of
 hundreds of rows runs faster in MKL."""
+EXACT_PROMPT_TOKENS = 64
+"""Prompts of at most this many tokens stay exact in the int8 mode too: their prefill is short
+either way, and a short chat question is where one flipped token shows most (int8 rows turned the
+end-to-end test's "What is the capital of France?" away from "Paris")."""
 Q4_1_BLOCK = 32
 """Weights per block, in Q4_1 as in Q8_0."""
+RowSpans = tuple[tuple[int, int], ...]
+"""Sorted, disjoint `[start, stop)` ranges of a product's rows."""
 GROUP = 16
 """Outputs interleaved together in the packed layouts (one AVX-512 register of fp32)."""
 
@@ -52,12 +59,12 @@ class Linear(Protocol):
         """Bytes the weight holds in memory."""
         ...
 
-    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
-        """`x @ w.T` for `x` `[rows, in]`: a new `[rows, out]` tensor. `prompt_from`: rows from this
-        one on are prompt rows (see `Q4Linear`); None: none are."""
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
+        """`x @ w.T` for `x` `[rows, in]`: a new `[rows, out]` tensor. `int8_rows`: the rows that may
+        take int8 activations (see `Q4Linear`); the rest are exact."""
         ...
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
         """`out += x @ w.T`, in place (the residual adds)."""
         ...
 
@@ -76,10 +83,10 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight_t.numel() * self.weight_t.element_size()
 
-    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
         return x @ self.weight_t
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
         out.addmm_(x, self.weight_t)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -105,20 +112,20 @@ class Q4Linear:
         parts = (self.packed, self.scale, self.offset, self.weight_t, self.vnni)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             return x @ self.weight_t
         out = torch.empty(x.shape[0], self.packed.shape[0] * GROUP, dtype=torch.float32)
-        self._product(x, out, accumulate=False, prompt_from=prompt_from)
+        self._product(x, out, accumulate=False, int8_rows=int8_rows)
         return out
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             out.addmm_(x, self.weight_t)
         elif out.stride(-1) != 1:
-            out.add_(self.mm(x, prompt_from))
+            out.add_(self.mm(x, int8_rows))
         else:
-            self._product(x, out, accumulate=True, prompt_from=prompt_from)
+            self._product(x, out, accumulate=True, int8_rows=int8_rows)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         group, lane = ids // GROUP, ids % GROUP  # output n is lane n % 16 of group n // 16
@@ -128,22 +135,45 @@ class Q4Linear:
         offset = self.offset[group, :, lane].repeat_interleave(Q4_1_BLOCK, dim=1)
         return q * scale + offset  # as `gguf` computes it (no fused multiply-add)
 
-    def _product(
-        self, x: torch.Tensor, out: torch.Tensor, *, accumulate: bool, prompt_from: int | None
-    ) -> None:
-        """Rows before `prompt_from` (all where None or without `vnni`) in the exact kernel, up to
-        `FUSED_MAX_ROWS` at a time; the prompt rows after them with int8 activations."""
+    def _product(self, x: torch.Tensor, out: torch.Tensor, *, accumulate: bool, int8_rows: RowSpans) -> None:
+        """`int8_rows` with int8 activations where `vnni` is kept; every other row in the exact
+        kernel, up to `FUSED_MAX_ROWS` at a time."""
         rows = _rows_contiguous(x)
-        exact = rows.shape[0] if prompt_from is None or self.vnni is None else prompt_from
-        for start in range(0, exact, FUSED_MAX_ROWS):
-            part = slice(start, min(exact, start + FUSED_MAX_ROWS))
-            self.kernel.matmul(
-                rows[part], self.packed, self.scale, self.offset, out[part], accumulate=accumulate
-            )
-        if self.vnni is not None and exact < rows.shape[0]:
-            self.kernel.matmul_int8(
-                rows[exact:], self.vnni, self.scale, self.offset, out[exact:], accumulate=accumulate
-            )
+        total = rows.shape[0]
+        spans = int8_rows if self.vnni is not None else ()
+        done = 0
+        for start, stop in (*spans, (total, total)):
+            for first in range(done, start, FUSED_MAX_ROWS):
+                part = slice(first, min(start, first + FUSED_MAX_ROWS))
+                self.kernel.matmul(
+                    rows[part], self.packed, self.scale, self.offset, out[part], accumulate=accumulate
+                )
+            if self.vnni is not None and stop > start:
+                self.kernel.matmul_int8(
+                    rows[start:stop],
+                    self.vnni,
+                    self.scale,
+                    self.offset,
+                    out[start:stop],
+                    accumulate=accumulate,
+                )
+            done = stop
+
+
+def clip_spans(spans: RowSpans, start: int, stop: int) -> RowSpans:
+    """The part of `spans` within rows `[start, stop)`, counted from `start`."""
+    return tuple((max(a, start) - start, min(b, stop) - start) for a, b in spans if a < stop and b > start)
+
+
+def merged_spans(spans: list[tuple[int, int]]) -> RowSpans:
+    """Sorted `spans` with touching ones joined (one kernel call instead of several)."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(spans):
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        elif stop > start:
+            out.append((start, stop))
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -162,10 +192,10 @@ class Q8Linear:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale))
 
-    def mm(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
         return self.kernel.q8_matmul(_rows_contiguous(x), self.packed, self.scale)
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, prompt_from: int | None = None) -> None:
+    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
         out.add_(self.mm(x))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

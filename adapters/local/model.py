@@ -38,7 +38,7 @@ from adapters.local.config import PrefillActivations
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
-from adapters.local.linear import Linear, build_linear, owned
+from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, merged_spans, owned
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -68,6 +68,10 @@ class PrefillSegment:
     prefix: PrefixPlan | None = None
     """Where the context before the chunk (cached prefix and earlier chunks) lives; None: nowhere,
     the chunk starts the sequence."""
+    int8: bool = False
+    """The chunk's rows may take int8 activations: its sequence's prompt is longer than
+    `linear.EXACT_PROMPT_TOKENS` (a property of the request, so batching, chunking and a cached
+    prefix never change it)."""
 
 
 @dataclass(slots=True)
@@ -182,12 +186,11 @@ class LlamaModel:
                 context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
                 for seg in batch.prefills
             ]
-        # Decode rows come first (in the batch and among the logit rows); the products take the
-        # prompt rows after them with int8 activations where `prefill_activations` says so.
-        prompt_from = batch.decode.count if batch.decode is not None else 0
+        # Rows of long prompts may take int8 activations (`prefill_activations`), decided per sequence.
+        int8_rows = merged_spans([(seg.start, seg.start + seg.length) for seg in batch.prefills if seg.int8])
         for index, layer in enumerate(self.layers):
             h = norm(x, layer.attn_norm, spec.rms_norm_eps)
-            qkv = layer.wqkv.mm(h, prompt_from)
+            qkv = layer.wqkv.mm(h, int8_rows)
             k_pages, v_pages = pool.k[index], pool.v[index]
             k: torch.Tensor | None = None
             v: torch.Tensor | None = None
@@ -207,8 +210,9 @@ class LlamaModel:
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
                 x, attn = x[batch.logit_rows], attn[batch.logit_rows]
-            layer.wo.addmm_(x, attn, prompt_from)
-            self._mlp(x, layer, norm, prompt_from)
+                int8_rows = _logit_spans(int8_rows, batch.logit_rows.tolist())
+            layer.wo.addmm_(x, attn, int8_rows)
+            self._mlp(x, layer, norm, int8_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -265,20 +269,20 @@ class LlamaModel:
             return self._kernels.rms_norm
         return fallback
 
-    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm, prompt_from: int) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm, int8_rows: RowSpans) -> torch.Tensor:
         """`x += SwiGLU(RMSNorm(x))` in blocks of rows: a long chunk's `[rows, 2 * ffn]`
         intermediate would otherwise be its largest temporary (12.6 MB at 1,024 rows)."""
         spec = self.spec
         kernels = self._kernels if spec.intermediate_size % 16 == 0 else None
         for start in range(0, x.shape[0], MLP_BLOCK_ROWS):
             rows = x[start : start + MLP_BLOCK_ROWS]
-            block_prompt_from = max(0, prompt_from - start)
-            gate_up = layer.w_gate_up.mm(norm(rows, layer.ffn_norm, spec.rms_norm_eps), block_prompt_from)
+            block = clip_spans(int8_rows, start, start + rows.shape[0])
+            gate_up = layer.w_gate_up.mm(norm(rows, layer.ffn_norm, spec.rms_norm_eps), block)
             if kernels is not None:
-                layer.w_down.addmm_(rows, kernels.swiglu(gate_up), block_prompt_from)
+                layer.w_down.addmm_(rows, kernels.swiglu(gate_up), block)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
-                rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up), block_prompt_from))
+                rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up), block))
         return x
 
     def _attention(
@@ -317,6 +321,12 @@ class LlamaModel:
                 assert k is not None and v is not None
                 out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_pages, v_pages, seg.prefix)
         return out
+
+
+def _logit_spans(int8_rows: RowSpans, logit_rows: list[int]) -> RowSpans:
+    """`int8_rows` among the logit rows, by their place in `logit_rows`."""
+    inside = [i for i, row in enumerate(logit_rows) if any(a <= row < b for a, b in int8_rows)]
+    return merged_spans([(i, i + 1) for i in inside])
 
 
 def _matrices(layer: _Layer) -> tuple[Linear, ...]:

@@ -25,6 +25,7 @@ from adapters.local.attention import (
     split_runs,
 )
 from adapters.local.kv_pool import KVPool
+from adapters.local.linear import EXACT_PROMPT_TOKENS
 from adapters.local.model import ForwardBatch, LlamaModel, PrefillSegment
 from adapters.local.scheduler import ScheduledStep
 from adapters.local.sequence import Sequence
@@ -80,7 +81,8 @@ class ModelRunner:
             start = len(tokens)
             prefix = self._prefix_plan(seq.pages, seq.num_computed) if seq.num_computed else None
             add(seq, seq.num_computed, chunk)
-            prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix))
+            int8 = seq.prompt_len > EXACT_PROMPT_TOKENS
+            prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix, int8=int8))
             if seq.num_computed + chunk == len(seq.tokens):
                 rows.append(len(tokens) - 1)
                 sampled.append(seq)

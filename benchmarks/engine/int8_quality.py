@@ -22,6 +22,7 @@ import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
 from adapters.local.kv_pool import KVPool
+from adapters.local.linear import EXACT_PROMPT_TOKENS
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.model import ForwardBatch, PrefillSegment
 from adapters.local.sampling import SamplingParams
@@ -53,7 +54,7 @@ def last_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
         positions=torch.arange(count),
         slots=torch.arange(count),
         logit_rows=torch.tensor([count - 1]),
-        prefills=[PrefillSegment(0, count)],
+        prefills=[PrefillSegment(0, count, int8=count > EXACT_PROMPT_TOKENS)],
     )
     with torch.inference_mode():
         return model.forward(batch, pool)[0]

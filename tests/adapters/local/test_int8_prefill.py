@@ -1,5 +1,5 @@
-"""The default prefill mode (`prefill_activations = "int8"`): prompt rows multiply int8-quantized
-activations with the Q4_1 weights (VNNI). It keeps no fp32 copy of those
+"""The default prefill mode (`prefill_activations = "int8"`): the rows of prompts longer than 64
+tokens multiply int8-quantized activations with the Q4_1 weights (VNNI). It keeps no fp32 copy of those
 weights; on these prompts its greedy answers are the exact mode's, token for token; and batching,
 chunking and a cached prefix change no token in it either."""
 
@@ -52,9 +52,10 @@ def test_int8_prefill_answers_as_the_exact_mode(int8_model: LoadedModel, engine:
 
 
 def test_int8_prefill_keeps_the_engines_shortcuts_exact(int8_model: LoadedModel) -> None:
-    """Every prompt row is int8 and every decode row exact, whatever shares the step (the short
-    prompt alone is a 4-row chunk; batched, part of a 300-row one), each row quantized on its own:
-    so batching, chunking and a cached prefix change no token."""
+    """A long prompt's rows are int8 and a short prompt's and every decode row exact, decided per
+    request, whatever shares the step (the short prompt batched into one ~300-row chunk with the
+    long one stays exact), each row quantized on its own: so batching, chunking and a cached prefix
+    change no token."""
     engines = [
         LocalEngine(replace(INT8, radix_cache=False), model=int8_model),
         LocalEngine(INT8, model=int8_model),

@@ -21,11 +21,13 @@ from adapters.local.linear import (
     FUSED_MAX_ROWS,
     Q4Linear,
     Q8Linear,
+    clip_spans,
     dequantize_q4_1,
     dequantize_q8_0,
     interleave_q4_1,
     interleave_q4_1_vnni,
     interleave_q8_0,
+    merged_spans,
 )
 from adapters.local.model import _rms_norm
 
@@ -150,24 +152,31 @@ def test_int8_prefill_products_quantize_each_block_of_each_row(vnni_kernels: Cpu
     x = wide[:, 64:192]
     x[0, :32] = 0.0  # an all-zero block quantizes to zeros, not NaN
     expected = _int8_rows(x) @ weight.t()
-    torch.testing.assert_close(linear.mm(x, prompt_from=0), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(linear.mm(x, ((0, rows),)), expected, rtol=1e-4, atol=1e-4)
     exact = x @ weight.t()
-    assert ((linear.mm(x, prompt_from=0) - exact).norm() / exact.norm()).item() < 0.02
+    assert ((linear.mm(x, ((0, rows),)) - exact).norm() / exact.norm()).item() < 0.02
     residual = torch.randn(rows, 64)
     into = residual.clone()
-    linear.addmm_(into, x, prompt_from=0)
+    linear.addmm_(into, x, ((0, rows),))
     torch.testing.assert_close(into, residual + expected, rtol=1e-4, atol=1e-4)
     columns = torch.randn(64, rows).t()  # an output whose rows are not contiguous
-    linear.addmm_(columns, x, prompt_from=0)
+    linear.addmm_(columns, x, ((0, rows),))
     assert torch.isfinite(columns).all()
     ids = torch.tensor([0, 17, 47])
     assert torch.equal(linear.rows(ids), weight[ids])  # no dense copy: rows come from the nibbles
-    # Rows before `prompt_from` (decode rows) stay exact, in blocks of FUSED_MAX_ROWS; None: all.
+    # Rows outside `int8_rows` (decode rows, short prompts) stay exact, in blocks of FUSED_MAX_ROWS.
     torch.testing.assert_close(linear.mm(x), exact, rtol=1e-5, atol=1e-5)
-    decode = rows // 2
-    mixed = linear.mm(x, prompt_from=decode)
-    torch.testing.assert_close(mixed[:decode], exact[:decode], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(mixed[decode:], expected[decode:], rtol=1e-4, atol=1e-4)
+    middle = (rows // 3, rows // 3 + rows // 2)
+    mixed = linear.mm(x, (middle,))
+    inside = slice(*middle)
+    torch.testing.assert_close(mixed[inside], expected[inside], rtol=1e-4, atol=1e-4)
+    for outside in (slice(0, middle[0]), slice(middle[1], rows)):
+        torch.testing.assert_close(mixed[outside], exact[outside], rtol=1e-5, atol=1e-5)
+
+
+def test_row_spans_clip_and_merge() -> None:
+    assert merged_spans([(5, 9), (0, 2), (2, 4), (9, 9)]) == ((0, 4), (5, 9))
+    assert clip_spans(((0, 4), (5, 9), (12, 20)), 3, 13) == ((0, 1), (2, 6), (9, 10))
 
 
 def test_the_int8_kernel_refuses_shapes_it_cannot_tile(vnni_kernels: CpuKernels) -> None:
