@@ -173,10 +173,6 @@ class LlamaModel:
         if batch.decode is not None and not batch.prefills:
             return self._decode(batch, batch.decode, pool)
         x = self._embed(batch.token_ids)
-        cos_half, sin_half = self._cos_half[batch.positions], self._sin_half[batch.positions]
-        cos = torch.cat([cos_half, cos_half], dim=-1).unsqueeze(1)
-        # rotate_half(x) * sin == roll(x, half) * [-sin, sin]: one roll instead of slice/neg/cat.
-        sin = torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1)
         # In-place where the math allows: fewer temporaries keep a long prefill chunk's peak memory low.
         last = len(self.layers) - 1
         norm = self._norm(_fused_rms_norm)
@@ -186,6 +182,8 @@ class LlamaModel:
                 context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
                 for seg in batch.prefills
             ]
+        in_kernel = contexts is not None and self._kernels is not None  # RoPE and K/V writes in C
+        cos, sin = (None, None) if in_kernel else self._rotation(batch.positions)
         # Rows of long prompts may take int8 activations (`prefill_activations`), decided per sequence.
         int8_rows = merged_spans([(seg.start, seg.start + seg.length) for seg in batch.prefills if seg.int8])
         for index, layer in enumerate(self.layers):
@@ -194,13 +192,14 @@ class LlamaModel:
             k_pages, v_pages = pool.k[index], pool.v[index]
             k: torch.Tensor | None = None
             v: torch.Tensor | None = None
-            if contexts is not None and self._kernels is not None:  # every row attends in the kernels
+            if in_kernel and self._kernels is not None:
                 q = self._kernels.rope_store(
                     qkv, n_q, batch.positions, self._cos_half, self._sin_half, k_pages, v_pages, batch.slots
                 )
             else:
                 qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
                 rotated = qk.roll(self._half, dims=-1)
+                assert cos is not None and sin is not None  # built wherever the kernel does not rotate
                 qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
                 q, k = qk[:, :n_q], qk[:, n_q:]
                 v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
@@ -214,6 +213,13 @@ class LlamaModel:
             layer.wo.addmm_(x, attn, int8_rows)
             self._mlp(x, layer, norm, int8_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
+
+    def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's `cos` and `sin` `[rows, 1, head_dim]` for torch's path of a prefill step."""
+        cos_half, sin_half = self._cos_half[positions], self._sin_half[positions]
+        cos = torch.cat([cos_half, cos_half], dim=-1).unsqueeze(1)
+        # rotate_half(x) * sin == roll(x, half) * [-sin, sin]: one roll instead of slice/neg/cat.
+        return cos, torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
