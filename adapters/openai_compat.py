@@ -234,8 +234,9 @@ def _checked(event: SSEEvent) -> bytes:
     data = event.data
     if event.event == "error":
         raise _error_in(data) or InBandError(data.decode("utf-8", "replace") or "the upstream sent an error")
-    # Cheap test first: only a payload containing `"error"` can carry a top-level error.
-    if b'"error"' in data:
+    # Cheap test first: only a payload containing `"error"` can carry a top-level error. (`find`, not
+    # `in`: `bytes in bytes` first tries the needle as an int, raising and formatting a TypeError.)
+    if data.find(b'"error"') >= 0:
         error = _error_in(data)
         if error is not None:
             raise error

@@ -16,7 +16,7 @@ from proxy.server_protocol import GatewayHttpProtocol
 class GatewayServer:
     """`start()` returns once the app's lifespan has started; `url` ends in `/v1`."""
 
-    def __init__(self, app: Litestar) -> None:
+    def __init__(self, app: Litestar, *, keep_alive_s: float = 5.0) -> None:
         self.app = app
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -28,6 +28,7 @@ class GatewayServer:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=2,
+            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn reads it as seconds
             http=GatewayHttpProtocol,  # as `radixgate serve` runs it, X-Forwarded-* included
             proxy_headers=False,
         )

@@ -21,11 +21,15 @@ from typing import NamedTuple, cast
 import httptools
 import httpx
 
+from adapters.http_transport.plain_message import INCOMPLETE, PlainHead, read_plain_head
+
 READ_HIGH_WATER_BYTES = 1 << 20
 """Body bytes queued unread before the socket stops reading (the upstream then waits on TCP)."""
 READ_LOW_WATER_BYTES = 1 << 18
 """Queued bytes below which reading resumes."""
 _UPGRADE = 101
+_HTTP_11 = b"HTTP/1.1 "
+_NO_FIELDS: frozenset[bytes] = frozenset()
 
 
 class Origin(NamedTuple):
@@ -52,6 +56,13 @@ class Connection(asyncio.Protocol):
         self._on_lost = on_lost
         self._parser = httptools.HttpResponseParser(self)
         self._read_waiter: asyncio.Future[None] | None = None
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._read_deadline = 0.0
+        self._read_timed_out = False
+        self._plain = False
+        """Nothing of the response in flight has gone to httptools: `read_plain_head` may read it."""
+        self._unread = b""
+        """The start of a plain response not yet whole."""
         self._drain_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._read_paused = False
@@ -62,8 +73,11 @@ class Connection(asyncio.Protocol):
         """Pool bookkeeping: the connection sits idle in the pool."""
         self.start_response(head_only=False)
 
-    def start_response(self, *, head_only: bool) -> None:
-        """Forget the previous response; `head_only` for a HEAD request, whose answer has no body."""
+    def start_response(self, *, head_only: bool, whole: bool = False) -> None:
+        """Forget the previous response; `head_only` for a HEAD request, whose answer has no body;
+        `whole` when the caller reads the answer only once it is complete: then a plain answer
+        (`adapters.http_transport.plain_message`) is read without httptools, its bytes kept until
+        it is whole (a streamed answer's chunks must reach the caller as they come)."""
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -75,6 +89,8 @@ class Connection(asyncio.Protocol):
         self.received_bytes = 0
         self._head_only = head_only
         self._until_eof = False
+        self._plain = whole and not head_only
+        self._unread = b""
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -83,6 +99,17 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_bytes += len(data)
+        if self._plain:
+            if self._unread:
+                data, self._unread = self._unread + data, b""
+            head = read_plain_head(data, _NO_FIELDS, lower_names=False)
+            if isinstance(head, PlainHead) and self._take_plain(head, data):
+                self._wake_reader()
+                return
+            if head is INCOMPLETE:
+                self._unread = data
+                return
+            self._plain = False  # httptools from here to the response's end, with all bytes so far
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -99,6 +126,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_read_timer()
         if self.head_done and not self.complete and self._until_eof and exc is None:
             self.complete = True  # a body without length or chunks ends where the connection does
         elif not self.complete and self.error is None:
@@ -120,6 +148,29 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self._wake_writer()
+
+    def _take_plain(self, head: PlainHead, data: bytes) -> bool:
+        """The whole response read by `read_plain_head`, if it is a final HTTP/1.1 answer with a
+        body (1xx, 204 and 304 go through httptools)."""
+        line = head.start_line
+        code = line[9:12]
+        if not line.startswith(_HTTP_11) or not code.isdigit() or (len(line) > 12 and line[12:13] != b" "):
+            return False
+        status = int(code)
+        if status < 200 or status == 204 or status == 304:
+            return False
+        self._plain = False
+        self.status = status
+        self.reason = line[13:]
+        self.headers = head.headers
+        self.head_done = True
+        body = data[head.body_start :]
+        if body:
+            self.chunks.append(body)
+            self.buffered = len(body)
+        self.complete = True
+        self.keep_alive = head.keep_alive
+        return True
 
     # ---- httptools callbacks -----------------------------------------------------------------
 
@@ -185,20 +236,55 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._stop_read_timer()
         if self.transport is not None:
             self.transport.close()
 
+    def _stop_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
     async def wait_readable(self, timeout_s: float | None) -> None:
-        """Until more of the response arrived, the connection failed, or `timeout_s` passed."""
+        """Until more of the response arrived, the connection failed, or `timeout_s` passed.
+
+        The timeout is one timer per connection that re-arms itself while a wait is in progress
+        (`_read_timer_due`), not a timer per wait: the waits of a keep-alive connection rarely
+        last long, and a timer made and cancelled per request costs a request's CPU at low rates."""
         if self.error is not None:
             raise self.error
-        self._read_waiter = waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._read_waiter = waiter = loop.create_future()
+        if timeout_s is not None:
+            deadline = self._read_deadline = loop.time() + timeout_s
+            timer = self._read_timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._read_timer = loop.call_at(deadline, self._read_timer_due)
         try:
-            await _wait(waiter, timeout_s, httpx.ReadTimeout, "timed out waiting for the upstream's answer")
+            await waiter
+        except asyncio.CancelledError:
+            if self._read_timed_out:
+                self._read_timed_out = False
+                raise httpx.ReadTimeout("timed out waiting for the upstream's answer") from None
+            raise
         finally:
             self._read_waiter = None
         if self.error is not None:
             raise self.error
+
+    def _read_timer_due(self) -> None:
+        self._read_timer = None
+        waiter = self._read_waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one arms the timer again
+        loop = waiter.get_loop()
+        if loop.time() >= self._read_deadline:
+            self._read_timed_out = True
+            waiter.cancel()
+        else:
+            self._read_timer = loop.call_at(self._read_deadline, self._read_timer_due)
 
     async def drain(self, timeout_s: float | None) -> None:
         """Until the send buffer is below its high-water mark (asyncio's flow control)."""

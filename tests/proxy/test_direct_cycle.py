@@ -189,3 +189,63 @@ async def test_connection_close_and_errors_are_answered_as_before(
     assert (answer.status, too_large.status, bad_json.status) == (200, 413, 400)
     assert json.loads(too_large.body)["error"]["type"] == "invalid_request_error"
     assert len(direct_cycles) == 3
+
+
+async def test_a_request_split_over_several_reads_is_read_plain(
+    gateway: GatewayServer, direct_cycles: list[DirectCycle]
+) -> None:
+    data = post("/v1/chat/completions", CHAT)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        for cut in (10, len(data) - len(CHAT) + 5):  # inside the head, then inside the body
+            writer.write(data[:cut])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            data = data[cut:]
+        writer.write(data)
+        answer = await asyncio.wait_for(read_response(reader), 5)
+    finally:
+        writer.close()
+    assert (answer.status, answer.body) == (200, BODY)
+    assert len(direct_cycles) == 1
+
+
+async def test_a_connection_leaves_the_plain_reader_for_good_at_its_first_unusual_request(
+    gateway: GatewayServer, direct_cycles: list[DirectCycle]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    answers = []
+    try:
+        for data in (
+            post("/v1/chat/completions", CHAT),
+            b"GET /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n\r\n",
+            post("/v1/chat/completions", CHAT),
+            post("/v1/chat/completions?x=1", CHAT),
+            post("/v1/completions", json.dumps({"model": "m", "prompt": "hi"}).encode()),
+        ):
+            writer.write(data)
+            answers.append(await asyncio.wait_for(read_response(reader), 5))
+    finally:
+        writer.close()
+    assert [answer.status for answer in answers] == [200, 405, 200, 200, 200]
+    assert all(answer.body == BODY for answer in answers if answer.status == 200)
+    assert len(direct_cycles) == 3  # the plain POSTs, before and after (through httptools) the GET
+
+
+async def test_an_idle_plain_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    server = GatewayServer(create_app(Settings(), router=scripted_pool([ScriptedEngine()])), keep_alive_s=0.3)
+    server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            for _ in range(3):  # a busy connection stays open past the timeout
+                writer.write(post("/v1/chat/completions", CHAT))
+                assert (await asyncio.wait_for(read_response(reader), 5)).status == 200
+                await asyncio.sleep(0.2)
+            started = asyncio.get_running_loop().time()
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+            assert asyncio.get_running_loop().time() - started < 2
+        finally:
+            writer.close()
+    finally:
+        server.stop()

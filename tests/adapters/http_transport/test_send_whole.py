@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 
 import httpx
@@ -90,3 +91,44 @@ async def test_a_dropped_connection_is_an_httpx_error_and_the_post_is_not_sent_t
         finally:
             await client.aclose()
     assert [r.body for r in server.received] == [b"first", b"second", b"third"]
+
+
+async def test_an_answer_split_over_several_writes_is_read_whole() -> None:
+    payload = b'{"id":"x"}' * 50
+
+    async def respond(exchange: Exchange) -> bool:
+        data = response(payload, headers="x-upstream: a\r\n")
+        for part in (data[:7], data[7:40], data[40:-5], data[-5:]):
+            exchange.writer.write(part)
+            await exchange.writer.drain()
+            await asyncio.sleep(0.02)
+        return True
+
+    async with serve(respond) as server:
+        client = UpstreamClient(UpstreamClientConfig(), HEADERS)
+        url = httpx.URL(server.url + "/v1/completions")
+        try:
+            replies = [await client.post(url, b"{}", None) for _ in range(2)]
+        finally:
+            await client.aclose()
+    assert [(reply.status_code, reply.content) for reply in replies] == [(200, payload)] * 2
+    assert server.connections == 1
+
+
+async def test_a_silent_upstream_times_out_and_a_shorter_timeout_after_a_longer_one_holds() -> None:
+    async def first_only(exchange: Exchange) -> bool:
+        if exchange.request.index_on_connection == 0:
+            return await answer(exchange, response(b"ok"))
+        await asyncio.sleep(10)
+        return False
+
+    async with serve(first_only) as server:
+        client = UpstreamClient(UpstreamClientConfig(read_timeout_s=5.0), HEADERS)
+        try:
+            assert (await client.post(httpx.URL(server.url + "/a"), b"{}", None)).content == b"ok"
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(httpx.ReadTimeout):  # the same connection, with its 5 s timer armed
+                await client.http.get(server.url + "/b", timeout=0.2)
+            assert asyncio.get_running_loop().time() - started < 2
+        finally:
+            await client.aclose()
