@@ -43,11 +43,11 @@ _VALUE_FORBIDDEN = bytes(range(0x09)) + bytes(range(0x0A, 0x20)) + b"\x7f"
 """What uvicorn's `HEADER_VALUE_RE` rejects in a header value."""
 
 
-def invalid_name(name: bytes) -> bool:
+def _invalid_name(name: bytes) -> bool:
     return name.translate(None, _NAME_FORBIDDEN) != name
 
 
-def invalid_value(value: bytes) -> bool:
+def _invalid_value(value: bytes) -> bool:
     return value.translate(None, _VALUE_FORBIDDEN) != value
 
 
@@ -68,7 +68,7 @@ class DefaultHead:
     def lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         if headers is not self._source:
             for name, value in headers:
-                if invalid_name(name) or invalid_value(value):
+                if _invalid_name(name) or _invalid_value(value):
                     raise RuntimeError(f"Invalid default HTTP header {name!r}.")
             self._lines = b"".join(b"%s: %s\r\n" % (name.lower(), value) for name, value in headers)
             self._source = headers
@@ -261,9 +261,9 @@ class DirectCycle:
         content = [STATUS_LINE[status], self.default_head]
         closing = False
         for name, value in headers:
-            if name.translate(None, _NAME_FORBIDDEN) != name:
+            if _invalid_name(name):
                 raise RuntimeError("Invalid HTTP header name.")
-            if value.translate(None, _VALUE_FORBIDDEN) != value:
+            if _invalid_value(value):
                 raise RuntimeError("Invalid HTTP header value.")
             name = name.lower()
             if name == b"content-length" and self.chunked_encoding is None:

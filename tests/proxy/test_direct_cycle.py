@@ -249,3 +249,14 @@ async def test_an_idle_plain_connection_is_closed_after_the_keep_alive_timeout()
             writer.close()
     finally:
         server.stop()
+
+
+def test_header_checks_reject_the_bytes_uvicorns_expressions_reject() -> None:
+    from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
+
+    from proxy.direct_cycle import _invalid_name, _invalid_value
+
+    for byte in range(256):
+        text = b"a" + bytes([byte]) + b"b"
+        assert _invalid_name(text) == bool(HEADER_RE.search(text)), byte
+        assert _invalid_value(text) == bool(HEADER_VALUE_RE.search(text)), byte
