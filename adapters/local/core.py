@@ -223,7 +223,7 @@ class EngineCore:
         for seq, _ in step.prefills:
             self.scheduler.cache_progress(seq)
         events: dict[int, list[JobEvent]] = {}
-        finished = False
+        started = finished = False
         bias_greedy_rows(output.logits, [seq.params for seq in output.sampled])
         argmax = output.logits.argmax(dim=-1).tolist()
         for row, seq in enumerate(output.sampled):
@@ -233,9 +233,11 @@ class EngineCore:
             for member in group:
                 delta = self._sample(member, output.logits[row], argmax[row])
                 events.setdefault(member.job.job_id, []).append(delta)
+                started = started or member.output_len == 1
                 finished = finished or delta.finish_reason is not None
-        # Publish first, so a client that sees its last token also sees the pages it freed.
-        self._publish_stats(force=finished)
+        # Publish first, so a client that sees its first token also sees the pages it holds, and one
+        # that sees its last token the pages it freed (between those, stats are up to 0.1 s old).
+        self._publish_stats(force=started or finished)
         for job_id, items in events.items():
             seqs = self._jobs.get(job_id)
             if seqs is None:
