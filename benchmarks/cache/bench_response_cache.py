@@ -163,14 +163,16 @@ def gateway(
     cache_dir: Path | None = None,
     cpu: str = GATEWAY_CPU,
     tree: Path | None = None,
+    venv: Path | None = None,
 ) -> Iterator[tuple[int, int]]:
     """`radixgate serve` pinned to `cpu` with `config` as its radixgate.toml, importing the code in
-    `tree` (another checkout, first on `PYTHONPATH`; None: this one); yields (pid, port)."""
+    `tree` (another checkout, first on `PYTHONPATH`; None: this one), run by the interpreter of the
+    virtual environment `venv` (None: this checkout's `.venv`); yields (pid, port)."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as scratch:
         toml = Path(scratch) / "radixgate.toml"
         toml.write_text(config)
-        command = [str(ROOT / ".venv/bin/radixgate"), "serve", "--config", str(toml)]
+        command = [str((venv or ROOT / ".venv") / "bin/radixgate"), "serve", "--config", str(toml)]
         command += ["--upstream", f"http://127.0.0.1:{stub_port}", "--model", MODEL]
         command += ["--port", str(port), "--log-level", "warning"]
         if cache_dir is not None:

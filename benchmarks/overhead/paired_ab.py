@@ -7,7 +7,8 @@ closed-loop clients, so the scheduler shares the core between them and any drift
 holding another checkout's `proxy`, `cachelayer` and `adapters`, put first on `PYTHONPATH`); B runs
 this checkout. Both read the same `--config`. Per round: the two throughputs and CPU per request
 (utime+stime from /proc over the measured window); the verdict is the median of the per-round B/A
-ratios. Run with both builds equal (`--a-tree .`) to see the method's own bias.
+ratios. Run with both builds equal (`--a-tree .`) to see the method's own bias; with `--a-tree .` and
+`--a-venv`/`--b-venv` naming two virtual environments, the same code on two interpreters.
 
 With `--rate R` each gateway gets an open loop of R requests/s instead (one gateway's requests half an
 interval after the other's, which one alternating by round) of `run.py`'s request (sampled, so the
@@ -47,7 +48,7 @@ from benchmarks.cache.bench_response_cache import (
     unique,
 )
 from benchmarks.overhead.loadgen import ANSWER_TIMEOUT_S, DEFAULT_MODEL, Connection, Sample, request_bytes
-from benchmarks.overhead.run import PYTHON, start
+from benchmarks.overhead.run import PYTHON, host, start
 
 OPEN_LOOP_CONNECTIONS = 8
 """Keep-alive connections an open-loop client opens first (more only if all are busy)."""
@@ -174,20 +175,31 @@ def main() -> None:
     parser.add_argument(
         "--b-env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable of B only"
     )
+    parser.add_argument(
+        "--a-venv",
+        type=Path,
+        help="virtual environment whose interpreter runs A (default: this checkout's .venv)",
+    )
+    parser.add_argument("--b-venv", type=Path, help="the same for B")
     parser.add_argument("--gateway-cpu", default="1")
     parser.add_argument("--client-cpu", default="0")
     args = parser.parse_args()
     os.sched_setaffinity(0, {int(cpu) for cpu in args.client_cpu.split(",")})
     print(f"start: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; load {os.getloadavg()}")
+    print(f"host: {host()}")
     stub_port = _free_port()
     stub = start(args.client_cpu, [PYTHON, "-m", "benchmarks.overhead.stub", "--port", str(stub_port)])
     rounds: list[tuple[Run, Run]] = []
     try:
         time.sleep(1.0)
         with ExitStack() as stack:
-            a = stack.enter_context(gateway(stub_port, args.config, cpu=args.gateway_cpu, tree=args.a_tree))
+            a = stack.enter_context(
+                gateway(stub_port, args.config, cpu=args.gateway_cpu, tree=args.a_tree, venv=args.a_venv)
+            )
             with _environment(dict(item.split("=", 1) for item in args.b_env)):  # only B's process sees it
-                b = stack.enter_context(gateway(stub_port, args.config, cpu=args.gateway_cpu))
+                b = stack.enter_context(
+                    gateway(stub_port, args.config, cpu=args.gateway_cpu, venv=args.b_venv)
+                )
             for pid, port in (a, b):
                 load(pid, port, unique(port, "fill"), args.concurrency, args.fill, 0.0)
             print("| round | A req/s | B req/s | A CPU us/req | B CPU us/req | B/A req/s | B/A CPU us/req |")

@@ -9,6 +9,11 @@ growth of utime+stime in /proc/<pid>/stat over a run, divided by the requests of
     python -m benchmarks.overhead.run                      # the issue's scenarios, 3 rounds
     python -m benchmarks.overhead.run --server granian     # another ASGI server, same app
     python -m benchmarks.overhead.run --scenarios open300 --rounds 1 --duration 5
+    python -m benchmarks.overhead.run --baseline-relay     # also a byte relay (byte_relay.py), same rounds
+
+With `--baseline-relay`, a byte relay pinned to the gateway's CPU takes its turn in every round too,
+and a second table gives the gateway's CPU per request as a ratio to the relay's: the least a Python
+proxy pays on this host, so the ratio holds across hosts where the absolute figure does not.
 
 Results: a markdown table on stdout, every raw run in benchmarks/overhead/out/<time>.json.
 """
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -78,6 +84,17 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not become ready")
+
+
+def wait_listening(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port}")
 
 
 def start(cpu: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -147,17 +164,41 @@ def loadavg() -> str:
     return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
 
 
-def run_rounds(args: argparse.Namespace, gateway_pid: int) -> list[dict[str, Any]]:
+def host() -> str:
+    """The CPU model and its caches, for the record: a session's host can change, and the gateway's
+    CPU per request changes with it (`benchmarks/RESULTS.md`, "## overhead")."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        caches.append(f"L{level}{kind[0].lower() if kind != 'Unified' else ''} {size}")
+    return f"{model} ({os.cpu_count()} CPUs; {', '.join(caches)}); Python {sys.version.split()[0]}"
+
+
+def run_rounds(args: argparse.Namespace, pids: dict[str, int]) -> list[dict[str, Any]]:
+    """Every scenario against each target in turn ("direct" = the stub; the others by `pids`, whose
+    CPU time is measured), the order rotating by round."""
     runs: list[dict[str, Any]] = []
+    ports = {"direct": args.stub_port, "gateway": args.gateway_port, "relay": args.relay_port}
+    names = ["direct", *pids]
     for round_index in range(args.rounds):
         for scenario_name in args.scenarios:
             scenario = SCENARIOS[scenario_name]
-            targets = ["direct", "gateway"] if round_index % 2 == 0 else ["gateway", "direct"]
+            shift = round_index % len(names)
+            targets = names[shift:] + names[:shift]
             for target in targets:
-                port = args.stub_port if target == "direct" else args.gateway_port
-                cpu_before = cpu_seconds(gateway_pid)
+                port = ports[target]
+                pid = pids.get(target)
+                cpu_before = cpu_seconds(pid) if pid else 0.0
                 result = load(args, port, scenario)
-                cpu = cpu_seconds(gateway_pid) - cpu_before
+                cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
                 result.update(
                     scenario=scenario_name,
                     target=target,
@@ -165,7 +206,7 @@ def run_rounds(args: argparse.Namespace, gateway_pid: int) -> list[dict[str, Any
                     gateway_cpu_s=cpu,
                     load=loadavg(),
                 )
-                if target == "gateway" and result["requests"]:
+                if pid and result["requests"]:
                     result["gateway_cpu_ms_per_request"] = cpu * 1000 / result["requests"]
                 runs.append(result)
                 print(
@@ -215,6 +256,29 @@ def table(runs: list[dict[str, Any]], scenarios: list[str]) -> str:
     return "\n".join(lines)
 
 
+def relay_table(runs: list[dict[str, Any]], scenarios: list[str]) -> str:
+    """The gateway against the byte relay of the same rounds: what each adds, CPU per request, ratio."""
+    lines = [
+        "| scenario | relay added p50 (ms) | gateway added p50 (ms) | relay CPU ms/req | gateway CPU ms/req "
+        "| gateway / relay CPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in scenarios:
+        medians = {}
+        for target in ("direct", "relay", "gateway"):
+            chosen = [r for r in runs if r["scenario"] == name and r["target"] == target]
+            medians[target] = (
+                _median(chosen, "latency_ms", "p50"),
+                _median(chosen, "gateway_cpu_ms_per_request"),
+            )
+        (direct, _), (relay, relay_cpu), (gateway, gateway_cpu) = medians.values()
+        lines.append(
+            f"| {SCENARIOS[name].description} | {relay - direct:.3f} | {gateway - direct:.3f} "
+            f"| {relay_cpu:.3f} | {gateway_cpu:.3f} | {gateway_cpu / relay_cpu:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", choices=("cli", "uvicorn", "granian"), default="cli")
@@ -240,6 +304,8 @@ def main() -> None:
     parser.add_argument("--client-cpu", default="1")
     parser.add_argument("--stub-port", type=int, default=9181)
     parser.add_argument("--gateway-port", type=int, default=9180)
+    parser.add_argument("--baseline-relay", action="store_true", help="also measure a byte relay (see above)")
+    parser.add_argument("--relay-port", type=int, default=9182)
     parser.add_argument("--chunk-interval-ms", type=float, default=5.0)
     parser.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
@@ -259,16 +325,25 @@ def main() -> None:
     env = dict(item.split("=", 1) for item in args.gateway_env)
     command = gateway_command(args)
     gateway = start(args.gateway_cpu, command, env)
+    processes = [gateway, stub]
+    pids = {"gateway": gateway.pid}
+    if args.baseline_relay:
+        relay_command = ["--port", str(args.relay_port), "--upstream-port", str(args.stub_port)]
+        relay = start(args.gateway_cpu, [PYTHON, "-m", "benchmarks.overhead.byte_relay", *relay_command])
+        processes.append(relay)
+        pids["relay"] = relay.pid
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         wait_ready(f"http://127.0.0.1:{args.gateway_port}/health/ready")
+        if args.baseline_relay:
+            wait_listening(args.relay_port)
         load_before = loadavg()
-        runs = run_rounds(args, gateway.pid)
+        runs = run_rounds(args, pids)
         load_after = loadavg()
     finally:
-        for process in (gateway, stub):
+        for process in processes:
             process.terminate()
-        for process in (gateway, stub):
+        for process in processes:
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
@@ -277,6 +352,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     record = {
         "started": started,
+        "host": host(),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "gateway_command": " ".join(shlex.quote(a) for a in command),
         "gateway_env": env,
@@ -288,7 +364,11 @@ def main() -> None:
     path = OUT / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
     path.write_text(json.dumps(record, indent=1))
     print(f"started {started}; load {load_before} -> {load_after}; raw runs in {path.relative_to(ROOT)}")
+    print(f"host: {record['host']}")
     print(table(runs, args.scenarios))
+    if args.baseline_relay:
+        print()
+        print(relay_table(runs, args.scenarios))
 
 
 if __name__ == "__main__":
