@@ -183,8 +183,9 @@ def host() -> str:
 
 
 def run_rounds(args: argparse.Namespace, pids: dict[str, int]) -> list[dict[str, Any]]:
-    """Every scenario against each target in turn ("direct" = the stub; the others by `pids`, whose
-    CPU time is measured), the order rotating by round."""
+    """Every scenario against each target in turn ("direct" = the stub; the others by `pids`), the
+    order rotating by round. `cpu_s` is the CPU time of the target's process over its run (during a
+    direct run, the idle gateway's); `cpu_ms_per_request` that per request, for the proxies."""
     runs: list[dict[str, Any]] = []
     ports = {"direct": args.stub_port, "gateway": args.gateway_port, "relay": args.relay_port}
     names = ["direct", *pids]
@@ -195,26 +196,26 @@ def run_rounds(args: argparse.Namespace, pids: dict[str, int]) -> list[dict[str,
             targets = names[shift:] + names[:shift]
             for target in targets:
                 port = ports[target]
-                pid = pids.get(target)
-                cpu_before = cpu_seconds(pid) if pid else 0.0
+                pid = pids.get(target, pids["gateway"])
+                cpu_before = cpu_seconds(pid)
                 result = load(args, port, scenario)
-                cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
+                cpu = cpu_seconds(pid) - cpu_before
                 result.update(
                     scenario=scenario_name,
                     target=target,
                     round=round_index,
-                    gateway_cpu_s=cpu,
+                    cpu_s=cpu,
                     load=loadavg(),
                 )
-                if pid and result["requests"]:
-                    result["gateway_cpu_ms_per_request"] = cpu * 1000 / result["requests"]
+                if target != "direct" and result["requests"]:
+                    result["cpu_ms_per_request"] = cpu * 1000 / result["requests"]
                 runs.append(result)
                 print(
                     f"round {round_index} {scenario_name:9s} {target:7s} "
                     f"p50 {result['latency_ms'].get('p50', float('nan')):8.3f} ms  "
                     f"ttfc p50 {result['ttfc_ms'].get('p50', float('nan')):8.3f} ms  "
                     f"{result['throughput_rps']:8.1f} req/s  errors {result['errors']}  "
-                    f"cpu {result.get('gateway_cpu_ms_per_request', 0):.3f} ms/req  load {result['load']}",
+                    f"cpu {result.get('cpu_ms_per_request', 0):.3f} ms/req  load {result['load']}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -250,7 +251,7 @@ def table(runs: list[dict[str, Any]], scenarios: list[str]) -> str:
             f"| {SCENARIOS[name].description} | {d50:.3f} / {d99:.3f} | {g50:.3f} / {g99:.3f} "
             f"| {g50 - d50:.3f} / {g99 - d99:.3f} | {dt:.3f} | {gt:.3f} | {gt - dt:.3f} "
             f"| {_median(gateway, 'throughput_rps'):.0f} "
-            f"| {_median(gateway, 'gateway_cpu_ms_per_request'):.3f} "
+            f"| {_median(gateway, 'cpu_ms_per_request'):.3f} "
             f"| {errors} |"
         )
     return "\n".join(lines)
@@ -269,7 +270,7 @@ def relay_table(runs: list[dict[str, Any]], scenarios: list[str]) -> str:
             chosen = [r for r in runs if r["scenario"] == name and r["target"] == target]
             medians[target] = (
                 _median(chosen, "latency_ms", "p50"),
-                _median(chosen, "gateway_cpu_ms_per_request"),
+                _median(chosen, "cpu_ms_per_request"),
             )
         (direct, _), (relay, relay_cpu), (gateway, gateway_cpu) = medians.values()
         lines.append(
