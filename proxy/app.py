@@ -9,11 +9,13 @@ from litestar import Litestar
 
 from proxy import __version__
 from proxy.auth import Authenticator
+from proxy.cache.admin_routes import admin_handlers
+from proxy.cache.cached_routes import cached_handlers
 from proxy.cache.layer import CacheLayer
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.forwarding import Forwarder, RetryPolicy
 from proxy.gateway import Gateway
-from proxy.router import Router
+from proxy.pipeline import Pipeline
 from proxy.routes import route_handlers
 from proxy.routing.admin import admin_router, key_guard
 from proxy.routing.from_settings import build_pool
@@ -23,10 +25,10 @@ from proxy.telemetry import Telemetry
 
 
 def create_app(
-    settings: Settings, *, router: Router | None = None, telemetry: Telemetry | None = None
+    settings: Settings, *, router: WorkerPool | None = None, telemetry: Telemetry | None = None
 ) -> Litestar:
     """The app for `settings`. `router` and `telemetry` replace the ones the settings describe
-    (tests inject in-memory exporters or a router over test engines). The app's lifespan starts
+    (tests inject in-memory exporters or a pool over test engines). The app's lifespan starts
     the router's background work and, on shutdown, closes every engine and flushes telemetry."""
     telemetry = telemetry or Telemetry.from_settings(settings.telemetry, service_version=__version__)
     router = router or build_pool(settings, telemetry)
@@ -35,13 +37,8 @@ def create_app(
     gateway = Gateway(
         settings, router, forwarder, Authenticator(settings.auth), telemetry, __version__, cache=cache.step
     )
-
-    # The worker admin API exists only over the worker pool (tests may inject another router).
-    admin = (
-        [admin_router(router, guards=[key_guard(gateway.auth.authenticate)])]
-        if isinstance(router, WorkerPool)
-        else []
-    )
+    pipeline = Pipeline(gateway)
+    max_body = settings.server.max_body_bytes
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -54,10 +51,11 @@ def create_app(
 
     app = Litestar(
         route_handlers=[
-            *route_handlers(gateway),
-            *cache.handlers(gateway),
+            *route_handlers(gateway, pipeline),
+            *cached_handlers(pipeline, max_body),
+            *admin_handlers(gateway, cache),
             telemetry.metrics_handler,
-            *admin,
+            admin_router(router, guards=[key_guard(gateway.auth.authenticate)]),
         ],
         middleware=[telemetry.middleware],
         exception_handlers=EXCEPTION_HANDLERS,

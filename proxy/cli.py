@@ -13,7 +13,6 @@ A bad setting prints one line naming the key and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import signal
@@ -24,15 +23,11 @@ from typing import Any
 from proxy import __version__
 from proxy.auth import hash_key
 from proxy.config import SettingsError, load_settings, masked
-from proxy.huge_pages import collapse_heap
 from proxy.routing.config import POLICY_NAMES, parse_worker_arg
 from proxy.settings import Settings
 
 EXIT_BAD_SETTINGS = 2
 EXIT_STARTUP_FAILED = 3
-GC_THRESHOLDS = (20_000, 50, 50)
-"""`gc.set_threshold` once started: a young collection every 20,000 net allocations instead of 700
-(each one walks every young object and its referents, cold after an idle wake)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,14 +179,9 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     import uvicorn
 
-    from proxy.fast_routes import with_fast_routes
-    from proxy.server_protocol import GatewayHttpProtocol
-
     level = settings.server.log_level
-    app = create_app(settings)
-    app.on_startup.append(_settle_heap)
     config = uvicorn.Config(
-        app,
+        create_app(settings),
         host=settings.server.host,
         port=settings.server.port,
         log_level=level,
@@ -199,32 +189,13 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
         timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
         lifespan="on",
         server_header=False,
-        # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib
-        # loop; benchmarks/RESULTS.md "## overhead" compares the servers measured for this choice.
-        # The protocol is uvicorn's httptools one, sending a response head with its body.
+        # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib loop.
         loop="uvloop",
-        http=GatewayHttpProtocol,
-        # The generation routes in front of Litestar (proxy/fast_routes.py), which also applies the
-        # trusted proxies' X-Forwarded-* headers (uvicorn's default hosts) where they are read.
-        proxy_headers=False,
-    )
-    config.app = with_fast_routes(
-        app, trusted_proxies=config.forwarded_allow_ips, access_log=settings.server.access_log
+        http="httptools",
     )
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else EXIT_STARTUP_FAILED
-
-
-def _settle_heap() -> None:
-    """Once started, move every object alive (modules, settings, pools) out of the collector's
-    generations: a full collection then walks only what requests allocate; collect the young
-    generation less often; and put the heap on huge pages (`proxy.huge_pages`). Measured in
-    `benchmarks/RESULTS.md` "## overhead" (300 req/s p99; CPU per request at 100 req/s)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    logging.getLogger("radixgate").debug("heap on huge pages: %d MiB", collapse_heap() >> 20)
 
 
 def _show(args: argparse.Namespace) -> int:

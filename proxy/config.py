@@ -20,7 +20,8 @@ import msgspec
 from proxy.cache.config import cache_config
 from proxy.cache.settings import CacheSettingsError
 from proxy.errors import split_validation_error
-from proxy.settings import HTTP_URL_PATTERN, SECRET_KEYS, SHA256_HEX_PATTERN, Settings
+from proxy.routing.config import WORKER_URL_PATTERN
+from proxy.settings import SECRET_KEYS, SHA256_HEX_PATTERN, Settings
 
 ENV_PREFIX = "RADIXGATE_"
 ENV_SEPARATOR = "__"
@@ -32,7 +33,7 @@ DEFAULT_CONFIG_FILE = "radixgate.toml"
 MASK = "********"
 
 _PATTERN_MESSAGES = {
-    HTTP_URL_PATTERN: "expected an http:// or https:// URL",
+    WORKER_URL_PATTERN: "expected an http:// or https:// URL",
     SHA256_HEX_PATTERN: "expected 64 hex digits (print them with `radixgate config hash-key KEY`)",
 }
 

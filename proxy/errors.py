@@ -1,8 +1,10 @@
 """Every error the gateway answers, in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 
 `ApiError` is what request handling raises for the client's mistakes; `adapters.errors.EngineError`
-carries the upstream's; Litestar's own `HTTPException`s (unknown route, wrong method) and any
-unexpected exception are converted by `EXCEPTION_HANDLERS` so no response escapes the shape.
+carries the upstream's. `error_reply` is the one mapping of an exception to a status, an OpenAI error
+object and headers, for every front door: the HTTP app's `EXCEPTION_HANDLERS` (which also convert
+Litestar's own `HTTPException`s: unknown route, wrong method) and a stream's error event use it, so
+no answer escapes the shape.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from litestar import Request, Response
@@ -88,6 +90,28 @@ class ApiError(Exception):
         )
 
 
+class ErrorReply(NamedTuple):
+    """What a front door answers for an exception."""
+
+    status: int
+    detail: ErrorDetail
+    headers: dict[str, str] | None = None
+
+
+INTERNAL_ERROR = ErrorDetail(message="The gateway hit an internal error.", type="server_error")
+
+
+def error_reply(error: BaseException) -> ErrorReply:
+    """The answer to `error`: the client's mistake (`ApiError`), the upstream's (`EngineError`), or a
+    500 for anything else (logged here, with its traceback)."""
+    if isinstance(error, ApiError):
+        return ErrorReply(error.status, error.detail, error.headers)
+    if isinstance(error, EngineError):
+        return ErrorReply(error.status, engine_error_detail(error))
+    logger.error("unhandled error", exc_info=error)
+    return ErrorReply(500, INTERNAL_ERROR)
+
+
 def encode_error(detail: ErrorDetail) -> bytes:
     return _encoder.encode(ErrorResponse(error=detail))
 
@@ -113,12 +137,8 @@ def split_validation_error(text: str) -> tuple[str, str | None]:
     return message, path or None
 
 
-def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
-    return _response(exc.status, exc.detail, exc.headers)
-
-
-def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes]:
-    return _response(exc.status, engine_error_detail(exc))
+def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    return _response(*error_reply(exc))
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -139,20 +159,15 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     return _response(status, ErrorDetail(message=message, type=error_type), exc.headers)
 
 
-def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    logger.error("unhandled error", exc_info=exc)
-    return _response(500, ErrorDetail(message="The gateway hit an internal error.", type="server_error"))
-
-
 def _response(status: int, detail: ErrorDetail, headers: dict[str, str] | None = None) -> Response[bytes]:
     return Response(encode_error(detail), status_code=status, media_type=JSON, headers=headers)
 
 
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {
-    ApiError: _api_error,
-    EngineError: _engine_error,
+    ApiError: _error,
+    EngineError: _error,
     HTTPException: _http_exception,
-    Exception: _unexpected,
+    Exception: _error,
 }
 """Litestar `exception_handlers`: every error response the app can produce is OpenAI-shaped."""
 

@@ -19,7 +19,7 @@ from adapters.base import Completion, EngineRequest
 from adapters.errors import EngineError, EngineOverloaded
 from adapters.schema import Usage, probe_response
 from proxy.router import Router, WorkerLease
-from proxy.settings import RoutingSettings
+from proxy.routing.config import RoutingSettings
 from proxy.telemetry import Operation, Telemetry
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from proxy.auth import Authenticator
 from proxy.cache.step import ResponseCacheStep
 from proxy.forwarding import Forwarder
-from proxy.router import Router
+from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
 
@@ -18,7 +18,7 @@ class Gateway:
     """The router, forwarder, authenticator and telemetry of one app, plus its live counters."""
 
     settings: Settings
-    router: Router
+    router: WorkerPool
     forwarder: Forwarder
     auth: Authenticator
     telemetry: Telemetry

@@ -9,9 +9,6 @@ import time
 import uvicorn
 from litestar import Litestar
 
-from proxy.fast_routes import with_fast_routes
-from proxy.server_protocol import GatewayHttpProtocol
-
 
 class GatewayServer:
     """`start()` returns once the app's lifespan has started; `url` ends in `/v1`."""
@@ -29,10 +26,9 @@ class GatewayServer:
             access_log=False,
             timeout_graceful_shutdown=2,
             timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn reads it as seconds
-            http=GatewayHttpProtocol,  # as `radixgate serve` runs it, X-Forwarded-* included
-            proxy_headers=False,
+            loop="uvloop",  # as `radixgate serve` runs it
+            http="httptools",
         )
-        config.app = with_fast_routes(app, trusted_proxies=config.forwarded_allow_ips)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="gateway", daemon=True

@@ -21,15 +21,11 @@ from typing import NamedTuple, cast
 import httptools
 import httpx
 
-from adapters.http_transport.plain_message import INCOMPLETE, PlainHead, read_plain_head
-
 READ_HIGH_WATER_BYTES = 1 << 20
 """Body bytes queued unread before the socket stops reading (the upstream then waits on TCP)."""
 READ_LOW_WATER_BYTES = 1 << 18
 """Queued bytes below which reading resumes."""
 _UPGRADE = 101
-_HTTP_11 = b"HTTP/1.1 "
-_NO_FIELDS: frozenset[bytes] = frozenset()
 
 
 class Origin(NamedTuple):
@@ -59,10 +55,6 @@ class Connection(asyncio.Protocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._read_deadline = 0.0
         self._read_timed_out = False
-        self._plain = False
-        """Nothing of the response in flight has gone to httptools: `read_plain_head` may read it."""
-        self._unread = b""
-        """The start of a plain response not yet whole."""
         self._drain_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._read_paused = False
@@ -73,11 +65,8 @@ class Connection(asyncio.Protocol):
         """Pool bookkeeping: the connection sits idle in the pool."""
         self.start_response(head_only=False)
 
-    def start_response(self, *, head_only: bool, whole: bool = False) -> None:
-        """Forget the previous response; `head_only` for a HEAD request, whose answer has no body;
-        `whole` when the caller reads the answer only once it is complete: then a plain answer
-        (`adapters.http_transport.plain_message`) is read without httptools, its bytes kept until
-        it is whole (a streamed answer's chunks must reach the caller as they come)."""
+    def start_response(self, *, head_only: bool) -> None:
+        """Forget the previous response; `head_only` for a HEAD request, whose answer has no body."""
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -89,8 +78,6 @@ class Connection(asyncio.Protocol):
         self.received_bytes = 0
         self._head_only = head_only
         self._until_eof = False
-        self._plain = whole and not head_only
-        self._unread = b""
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -99,17 +86,6 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_bytes += len(data)
-        if self._plain:
-            if self._unread:
-                data, self._unread = self._unread + data, b""
-            head = read_plain_head(data, _NO_FIELDS, lower_names=False)
-            if isinstance(head, PlainHead) and self._take_plain(head, data):
-                self._wake_reader()
-                return
-            if head is INCOMPLETE:
-                self._unread = data
-                return
-            self._plain = False  # httptools from here to the response's end, with all bytes so far
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -148,29 +124,6 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self._wake_writer()
-
-    def _take_plain(self, head: PlainHead, data: bytes) -> bool:
-        """The whole response read by `read_plain_head`, if it is a final HTTP/1.1 answer with a
-        body (1xx, 204 and 304 go through httptools)."""
-        line = head.start_line
-        code = line[9:12]
-        if not line.startswith(_HTTP_11) or not code.isdigit() or (len(line) > 12 and line[12:13] != b" "):
-            return False
-        status = int(code)
-        if status < 200 or status == 204 or status == 304:
-            return False
-        self._plain = False
-        self.status = status
-        self.reason = line[13:]
-        self.headers = head.headers
-        self.head_done = True
-        body = data[head.body_start :]
-        if body:
-            self.chunks.append(body)
-            self.buffered = len(body)
-        self.complete = True
-        self.keep_alive = head.keep_alive
-        return True
 
     # ---- httptools callbacks -----------------------------------------------------------------
 

@@ -95,7 +95,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         conn = await self._checkout(origin, timeouts, fresh=False)
         parts: list[bytes] = []
         try:
-            conn.start_response(head_only=False, whole=True)
+            conn.start_response(head_only=False)
             conn.write(data)
             await conn.drain(timeouts.write)
             while True:

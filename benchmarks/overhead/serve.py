@@ -26,7 +26,8 @@ from adapters.upstream_client import TransportName, UpstreamClientConfig
 from benchmarks.overhead.asyncio_backend import fast_transport
 from benchmarks.overhead.stub import COMPLETION
 from proxy.app import create_app
-from proxy.settings import Settings, WorkerSettings
+from proxy.routing.config import WorkerSpec
+from proxy.settings import Settings
 from proxy.telemetry import Telemetry, TelemetrySettings
 
 UPSTREAM_VARIABLE = "RADIXGATE_BENCH_UPSTREAM"
@@ -42,7 +43,7 @@ def app_factory() -> Litestar:
     transport: TransportName = "httpx" if os.environ.get(TRANSPORT_VARIABLE) == "httpx" else "fast"
     return create_app(
         Settings(
-            workers=[WorkerSettings(url=upstream, models=["stub-model"])],
+            workers=[WorkerSpec(url=upstream, models=["stub-model"])],
             upstream_client=UpstreamClientConfig(transport=transport),
         )
     )

@@ -22,7 +22,7 @@ import msgspec
 
 from adapters.base import Completion, EngineRequest
 from adapters.schema import CompletionRequest
-from proxy.routing.config import PoolSettings, WorkerSpec
+from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.pool import WorkerPool
 
 PROMPT_TOKENS = 32_768
@@ -71,7 +71,7 @@ async def _measure() -> dict[str, float]:
         for i in range(4)
     ]
     tracemalloc.start()
-    pool = WorkerPool(["m"], specs, PoolSettings(), engine_factory=_IdleEngine)
+    pool = WorkerPool(["m"], specs, RoutingSettings(), engine_factory=_IdleEngine)
     prefixes = [[rng.randrange(VOCAB) for _ in range(2048)] for _ in range(64)]
     for prefix in prefixes:  # warm trees: each prefix with 16 distinct 128-token suffixes
         for _ in range(16):

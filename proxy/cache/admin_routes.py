@@ -9,7 +9,7 @@ the prefix cache of every engine whose adapter can flush it (SGLang `/flush_cach
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, get, post
@@ -17,14 +17,11 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
 from adapters.engine_metrics import FlushesCache
+from proxy.cache.layer import CacheLayer
 from proxy.cache.stats import CacheStatsResponse, build_stats
 from proxy.cache.warm import WarmRequest, WarmResult, warm
 from proxy.gateway import Gateway
 from proxy.routing.admin import key_guard
-from proxy.routing.pool import WorkerPool
-
-if TYPE_CHECKING:
-    from proxy.cache.layer import CacheLayer
 
 CACHE_STATS_PATH = "/v1/cache/stats"
 CACHE_CLEAR_PATH = "/v1/cache/clear"
@@ -79,8 +76,6 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
             removed = [TierEntries(tier=t.name, entries=t.entries) for t in snapshot.tiers]
             await asyncio.to_thread(layer.responses.clear)
         router = gateway.router
-        if not isinstance(router, WorkerPool):
-            return ClearResult(response_cache=removed, routing_trees_cleared=0, engines=[])
         workers = router.workers()
         flushed = await router.flush_caches()
         engines = [

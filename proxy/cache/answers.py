@@ -1,24 +1,21 @@
 """A response-cache miss's answer and a hit's replay: what of an answer is stored, and how.
 
-`Recorder` keeps a copy of a stream as its ASGI messages pass; `stored_response` turns a recorded
-stream or the `Completion` a JSON answer came back as into the `StoredResponse` to keep, or None
-when the answer is not complete (`complete_answer`); `replay` sends a stored answer again.
+`Recorder` keeps a copy of a stream as it passes to the front door's `Responder`; `stored_response`
+turns a recorded stream or the `Completion` a JSON answer came back as into the `StoredResponse` to
+keep, or None when the answer is not complete (`complete_answer`); `replay` sends a stored answer again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
 
 from adapters.base import Completion
-from adapters.sse import DONE, SSEDecoder
 from cachelayer.responses import StoredResponse
-from proxy.asgi_types import Message, Send
-from proxy.errors import JSON
-from proxy.streaming import DONE_EVENT, SSE_HEADERS, sse_event
-
-Headers = list[tuple[bytes, bytes]]
+from proxy.errors import ErrorDetail
+from proxy.responder import Headers, Responder
 
 
 def stored_response(answer: Recorder | Completion) -> StoredResponse | None:
@@ -36,50 +33,50 @@ def stored_response(answer: Recorder | Completion) -> StoredResponse | None:
     return StoredResponse.json_body(answer.body, usage.prompt_tokens, usage.completion_tokens)
 
 
-async def replay(send: Send, stored: StoredResponse, headers: Headers) -> None:
-    """Send a stored answer: one JSON body, or every chunk as an SSE event then `[DONE]`."""
+async def replay(responder: Responder, stored: StoredResponse, headers: Headers) -> None:
+    """Send a stored answer: one JSON body, or the whole stream at once."""
     if stored.streamed:
-        body = b"".join([*(sse_event(chunk) for chunk in stored.chunks), DONE_EVENT])
-        start = [*SSE_HEADERS, *headers]
+        await responder.send_stream(headers, stored.chunks)
     else:
-        body = stored.body
-        start = [*headers, (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": start})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+        await responder.send_json(stored.body, headers)
 
 
 class Recorder:
-    """Passes a stream's ASGI messages through and keeps a copy of them."""
+    """A `Responder` that passes a stream on and keeps a copy of its chunks."""
 
-    __slots__ = ("_next", "finished", "parts", "status")
+    __slots__ = ("_next", "chunks", "ended", "failed")
 
-    def __init__(self, send: Send) -> None:
-        self._next = send
-        self.status = 0
-        self.parts: list[bytes] = []
-        self.finished = False
+    def __init__(self, responder: Responder) -> None:
+        self._next = responder
+        self.chunks: list[bytes] = []
+        self.ended = False
+        self.failed = False
 
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-        elif kind == "http.response.body":
-            self.parts.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                self.finished = True
-        await self._next(message)
+    async def send_json(self, body: bytes, headers: Headers) -> None:
+        await self._next.send_json(body, headers)
+
+    async def start_stream(self, headers: Headers, first: bytes) -> None:
+        self.chunks.append(first)
+        await self._next.start_stream(headers, first)
+
+    async def send_chunk(self, payload: bytes) -> None:
+        self.chunks.append(payload)
+        await self._next.send_chunk(payload)
+
+    async def end_stream(self, error: ErrorDetail | None = None) -> None:
+        self.failed = error is not None
+        await self._next.end_stream(error)
+        self.ended = True
+
+    async def send_stream(self, headers: Headers, chunks: Sequence[bytes]) -> None:
+        await self._next.send_stream(headers, chunks)
 
     def response(self) -> StoredResponse | None:
         """The stream to store, or None when it failed, was cut, or is not complete."""
-        if self.status != 200 or not self.finished:
+        if not self.ended or self.failed or not self.chunks:
             return None
-        decoder = SSEDecoder()
-        events = [event for part in self.parts for event in decoder.feed(part)] + decoder.flush()
-        if not events or events[-1].data != DONE:
-            return None
-        chunks = [event.data for event in events[:-1]]
-        tokens = complete_answer(chunks)
-        return None if tokens is None else StoredResponse.stream(chunks, *tokens)
+        tokens = complete_answer(self.chunks)
+        return None if tokens is None else StoredResponse.stream(self.chunks, *tokens)
 
 
 class AnswerTokens(NamedTuple):

@@ -9,9 +9,11 @@ A cached endpoint is the plain OpenAI route with the seed's extras:
 - response extras: `usage.cached_tokens`, `cache_stats`, `performance`, `request_id`. A JSON answer
   carries them at the top level; a stream gets one extra chunk with no choices just before `[DONE]`.
 
-The request runs through the same handler as the plain routes (auth, routing, the response-cache
-step, retries); this module only rewrites the body on the way in and decorates the answer on the way
-out. Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
+The request runs through the same pipeline as the plain routes (auth, routing, the response-cache
+step, retries), with the extras passed as explicit options (`CachedCall`); this module only rewrites
+the body on the way in and decorates the answer on the way out.
+
+Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
 this answer (all of them on a response-cache hit, else the engine's reported prefix-cache tokens);
 `cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
 `prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits` and
@@ -30,18 +32,12 @@ import msgspec
 from litestar.handlers import ASGIRouteHandler, asgi
 
 from adapters.schema import Operation
-from proxy.asgi_types import Message, Receive, Scope, Send
+from proxy.asgi_types import Receive, Scope, Send
 from proxy.cache.decorate import AnswerDecorator
-from proxy.cache.step import CURRENT_CALL, CachedCall
+from proxy.cache.step import CachedCall
 from proxy.errors import ApiError, split_validation_error
-from proxy.gateway import Gateway
-from proxy.routes.generation import (
-    MAX_CLIENT_REQUEST_ID,
-    REQUEST_ID_HEADER,
-    ClientDisconnected,
-    handle_generation,
-    read_body,
-)
+from proxy.pipeline import MAX_CLIENT_REQUEST_ID, GenerationCall, Pipeline
+from proxy.routes.generation import ClientDisconnected, answer, read_request
 
 CACHED_CHAT_PATH = "/v1/cached/chat/completions"
 CACHED_COMPLETIONS_PATH = "/v1/cached/completions"
@@ -69,54 +65,37 @@ class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 EXTRA_FIELDS = frozenset(CacheExtras.__struct_fields__)
 
 
-def cached_handlers(gateway: Gateway) -> list[ASGIRouteHandler]:
-    """The two cached generation routes, bound to one gateway."""
+def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHandler]:
+    """The two cached generation routes over one pipeline."""
+
+    async def handle(operation: Operation, scope: Scope, receive: Receive, send: Send) -> None:
+        """Strip the extras, run the pipeline with them as explicit options, decorate its answer."""
+        started = time.perf_counter()
+        try:
+            request = await read_request(pipeline, scope, receive, max_body_bytes)
+        except ClientDisconnected:
+            return
+        extras, body = split_extras(request.body)
+        request_id = extras.request_id.encode() if extras.request_id is not None else request.request_id
+        cached = CachedCall(enable_caching=extras.enable_caching, label=extras.cache_key)
+        call = GenerationCall(operation, body, request.tenant, request_id, request.cache_control, cached)
+        await answer(
+            pipeline,
+            call,
+            receive,
+            send,
+            wrap=lambda responder: AnswerDecorator(responder, cached, started, extras.request_id),
+        )
 
     @asgi(CACHED_CHAT_PATH, name="cached_chat_completions", copy_scope=False)
     async def cached_chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
-        await handle_cached(gateway, "chat", scope, receive, send)
+        await handle("chat", scope, receive, send)
 
     @asgi(CACHED_COMPLETIONS_PATH, name="cached_completions", copy_scope=False)
     async def cached_completions(scope: Scope, receive: Receive, send: Send) -> None:
-        await handle_cached(gateway, "text_completion", scope, receive, send)
+        await handle("text_completion", scope, receive, send)
 
     return [cached_chat_completions, cached_completions]
-
-
-async def handle_cached(
-    gateway: Gateway, operation: Operation, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Strip the extras, run the plain generation handler, decorate its answer."""
-    started = time.perf_counter()
-    if scope["method"] != "POST":
-        raise ApiError.method_not_allowed(scope["method"], scope["path"], "POST")
-    headers: list[tuple[bytes, bytes]] = list(scope["headers"])
-    authorization = content_length = None
-    for name, value in headers:
-        if name == b"authorization":
-            authorization = value
-        elif name == b"content-length":
-            content_length = value
-    gateway.auth.authenticate(authorization)  # refuse before reading a stranger's body
-    try:
-        body = await read_body(receive, content_length, gateway.settings.server.max_body_bytes)
-    except ClientDisconnected:
-        return
-    extras, body = split_extras(body)
-    dropped = {b"content-length", *((REQUEST_ID_HEADER,) if extras.request_id is not None else ())}
-    headers = [(name, value) for name, value in headers if name not in dropped]
-    headers.append((b"content-length", str(len(body)).encode()))
-    if extras.request_id is not None:
-        headers.append((REQUEST_ID_HEADER, extras.request_id.encode()))
-    call = CachedCall(enable_caching=extras.enable_caching, label=extras.cache_key)
-    decorator = AnswerDecorator(send, call, started, extras.request_id)
-    token = CURRENT_CALL.set(call)
-    try:
-        await handle_generation(
-            gateway, operation, {**scope, "headers": headers}, _replaying(body, receive), decorator.send
-        )
-    finally:
-        CURRENT_CALL.reset(token)
 
 
 def split_extras(body: bytes) -> tuple[CacheExtras, bytes]:
@@ -133,17 +112,3 @@ def split_extras(body: bytes) -> tuple[CacheExtras, bytes]:
         message, param = split_validation_error(str(exc))
         raise ApiError(400, f"Invalid request: {message}", param=param, code="invalid_value") from None
     return extras, (msgspec.json.encode(fields) if present else body)
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands over `body` once, then the client's own messages (disconnects)."""
-    delivered = False
-
-    async def replay() -> Message:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

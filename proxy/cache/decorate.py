@@ -1,26 +1,24 @@
 """Adds the seed's response extras (`usage.cached_tokens`, `cache_stats`, `performance`, `request_id`)
-to an answer of a cached endpoint as it passes through ASGI `send`.
+to an answer of a cached endpoint as it passes through the pipeline's `Responder`.
 
-Errors (any status but 200) pass unchanged. A JSON answer is held until its last byte, extended and
-sent with a new `content-length`. A stream passes chunk by chunk; one extra chunk with no choices
-(the shape of OpenAI's usage chunk) carrying the extras goes out just before `[DONE]`, unless the
-stream ended with an error event.
+Errors are raised before any answer, so they pass unchanged. A JSON answer gets the extras in its
+body. A stream passes chunk by chunk; one extra chunk with no choices (the shape of OpenAI's usage
+chunk) carrying the extras goes out just before its end, unless the stream ended with an error.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from adapters.schema import Usage
-from adapters.sse import DONE, SSEDecoder
-from proxy.asgi_types import Message, Send
 from proxy.cache.stats import percent
 from proxy.cache.step import CachedCall
-from proxy.routes.generation import REQUEST_ID_HEADER
-from proxy.streaming import DONE_EVENT, sse_event
+from proxy.errors import ErrorDetail
+from proxy.responder import REQUEST_ID_HEADER, Headers, Responder
 
 
 class CacheStatsExtra(msgspec.Struct, kw_only=True):
@@ -61,98 +59,73 @@ _object_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 class AnswerDecorator:
-    """Wraps the client's `send` for one cached-endpoint request."""
+    """Wraps the `Responder` of one cached-endpoint request and adds the extras on the way."""
 
-    __slots__ = (
-        "_answer_bytes",
-        "_call",
-        "_decoder",
-        "_errored",
-        "_first",
-        "_held",
-        "_mode",
-        "_next",
-        "_parts",
-        "_request_id",
-        "_started",
-        "_usage",
-    )
+    __slots__ = ("_answer_bytes", "_call", "_first", "_next", "_request_id", "_started", "_usage")
 
-    def __init__(self, send: Send, call: CachedCall, started: float, request_id: str | None) -> None:
-        self._next = send
+    def __init__(
+        self, responder: Responder, call: CachedCall, started: float, request_id: str | None
+    ) -> None:
+        self._next = responder
         self._call = call
         self._started = started
         self._request_id = request_id
-        self._mode = "pass"
-        self._held: Message | None = None
-        self._parts: list[bytes] = []
-        self._decoder = SSEDecoder()
         self._first: _Head | None = None
         self._usage: Usage | None = None
         self._answer_bytes = 0
-        self._errored = False
 
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            await self._start(message)
-        elif message["type"] == "http.response.body" and self._mode == "json":
-            await self._json_body(message)
-        elif message["type"] == "http.response.body" and self._mode == "sse":
-            await self._sse_body(message)
-        else:
-            await self._next(message)
-
-    async def _start(self, message: Message) -> None:
-        headers: list[tuple[bytes, bytes]] = message["headers"]
-        for name, value in headers:
-            if name == REQUEST_ID_HEADER and self._request_id is None:
-                self._request_id = value.decode("latin-1")
-            elif name == b"content-type" and message["status"] == 200:
-                self._mode = "sse" if value.startswith(b"text/event-stream") else "json"
-        if self._mode == "json":
-            self._held = message
-            return
-        await self._next(message)
-
-    async def _json_body(self, message: Message) -> None:
-        self._parts.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        body = b"".join(self._parts)
+    async def send_json(self, body: bytes, headers: Headers) -> None:
+        self._take_request_id(headers)
         try:
             fields = _object_decoder.decode(body)
             head = _head_decoder.decode(body)
         except msgspec.DecodeError:
-            fields = None
-        if fields is not None:
-            self._usage, self._answer_bytes = head.usage, len(body)
-            cache_stats, performance, cached_tokens = self._extras()
-            if isinstance(fields.get("usage"), dict):
-                fields["usage"]["cached_tokens"] = cached_tokens
-            fields.update(cache_stats=cache_stats, performance=performance, request_id=self._request_id)
-            body = msgspec.json.encode(fields)
-        assert self._held is not None
-        headers = [(n, v) for n, v in self._held["headers"] if n != b"content-length"]
-        headers.append((b"content-length", str(len(body)).encode()))
-        await self._next({**self._held, "headers": headers})
-        await self._next({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _sse_body(self, message: Message) -> None:
-        body: bytes = message.get("body", b"")
-        for event in self._decoder.feed(body):
-            if event.data == DONE:
-                continue
-            self._answer_bytes += len(event.data)
-            try:
-                head = _head_decoder.decode(event.data)
-            except msgspec.DecodeError:
-                continue
-            self._errored = self._errored or head.error is not None
-            self._first = self._first or head
-            self._usage = head.usage or self._usage
-        if message.get("more_body", False) or self._errored or not body.endswith(DONE_EVENT):
-            await self._next(message)
+            await self._next.send_json(body, headers)
             return
+        self._usage, self._answer_bytes = head.usage, len(body)
+        cache_stats, performance, cached_tokens = self._extras()
+        if isinstance(fields.get("usage"), dict):
+            fields["usage"]["cached_tokens"] = cached_tokens
+        fields.update(cache_stats=cache_stats, performance=performance, request_id=self._request_id)
+        await self._next.send_json(msgspec.json.encode(fields), headers)
+
+    async def start_stream(self, headers: Headers, first: bytes) -> None:
+        self._take_request_id(headers)
+        self._observe(first)
+        await self._next.start_stream(headers, first)
+
+    async def send_chunk(self, payload: bytes) -> None:
+        self._observe(payload)
+        await self._next.send_chunk(payload)
+
+    async def end_stream(self, error: ErrorDetail | None = None) -> None:
+        if error is None:
+            await self._next.send_chunk(self._extras_chunk())
+        await self._next.end_stream(error)
+
+    async def send_stream(self, headers: Headers, chunks: Sequence[bytes]) -> None:
+        self._take_request_id(headers)
+        for chunk in chunks:
+            self._observe(chunk)
+        await self._next.send_stream(headers, [*chunks, self._extras_chunk()])
+
+    def _take_request_id(self, headers: Headers) -> None:
+        if self._request_id is None:
+            for name, value in headers:
+                if name == REQUEST_ID_HEADER:
+                    self._request_id = value.decode("latin-1")
+
+    def _observe(self, payload: bytes) -> None:
+        self._answer_bytes += len(payload)
+        try:
+            head = _head_decoder.decode(payload)
+        except msgspec.DecodeError:
+            return
+        self._first = self._first or head
+        self._usage = head.usage or self._usage
+
+    def _extras_chunk(self) -> bytes:
+        """One chunk with no choices (the shape of OpenAI's usage chunk) carrying the extras."""
         cache_stats, performance, _ = self._extras()
         first = self._first or _Head()
         chunk: dict[str, Any] = {
@@ -165,8 +138,7 @@ class AnswerDecorator:
             "performance": performance,
             "request_id": self._request_id,
         }
-        extra = sse_event(msgspec.json.encode(chunk))
-        await self._next({**message, "body": body[: -len(DONE_EVENT)] + extra + DONE_EVENT})
+        return msgspec.json.encode(chunk)
 
     def _extras(self) -> tuple[CacheStatsExtra, PerformanceExtra, int]:
         """`cache_stats`, `performance` and `usage.cached_tokens`, as of now."""

@@ -11,7 +11,6 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from cachelayer.stats import StoreSnapshot
-from proxy.router import Router
 from proxy.routing.pool import WorkerPool
 
 
@@ -76,9 +75,9 @@ def kv_pages_stats(worker: str, figures: OffloadFigures) -> KvPagesStats:
     )
 
 
-def kv_offloads(router: Router) -> list[tuple[str, OffloadFigures]]:
+def kv_offloads(router: WorkerPool) -> list[tuple[str, OffloadFigures]]:
     """(worker id, figures) of every engine that offloads KV pages."""
-    workers = router.workers() if isinstance(router, WorkerPool) else []
+    workers = router.workers()
     found: list[tuple[str, OffloadFigures]] = []
     for worker in workers:
         engine = worker.engine

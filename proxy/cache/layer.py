@@ -2,7 +2,7 @@
 
 cache = CacheLayer.from_settings(settings, telemetry.prometheus, router)
 gateway = Gateway(..., cache=cache.step)                     # the request path's step
-Litestar([..., *cache.handlers(gateway)], lifespan=[..., cache.lifespan])
+Litestar([..., *admin_handlers(gateway, cache)], lifespan=[..., cache.lifespan])
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
-from litestar.handlers import BaseRouteHandler
 
 from cachelayer.admission import AdmissionGate
 from cachelayer.disk import CacheDirLockedError
@@ -21,15 +20,12 @@ from cachelayer.responses import ResponseCache
 from cachelayer.stats import StoreSnapshot
 from cachelayer.tiers import TieredStore
 from proxy.cache import metrics
-from proxy.cache.admin_routes import admin_handlers
-from proxy.cache.cached_routes import cached_handlers
 from proxy.cache.config import ContextCacheConfig, cache_config
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.settings import CacheSettings, CacheSettingsError
 from proxy.cache.step import ResponseCacheStep
 from proxy.config import SettingsError
-from proxy.gateway import Gateway
-from proxy.router import Router
+from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry.prometheus import MetricsRegistry
 
@@ -37,7 +33,7 @@ logger = logging.getLogger("radixgate.cache")
 
 
 class CacheLayer:
-    """Owns the response cache's store, its counters and its routes."""
+    """Owns the response cache's store and its counters (`proxy.cache.admin_routes` serves them)."""
 
     def __init__(
         self,
@@ -45,7 +41,7 @@ class CacheLayer:
         settings: CacheSettings,
         responses: ResponseCache | None,
         monitor: CacheMonitor,
-        router: Router,
+        router: WorkerPool,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -57,7 +53,7 @@ class CacheLayer:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, registry: MetricsRegistry | None, router: Router
+        cls, settings: Settings, registry: MetricsRegistry | None, router: WorkerPool
     ) -> CacheLayer:
         """Open the store (and its L3 directory) and register the metrics when monitoring is on.
 
@@ -100,10 +96,6 @@ class CacheLayer:
         if self.responses is not None and self.responses.blocking:
             return await asyncio.to_thread(self.responses.stats)
         return self.store_stats()
-
-    def handlers(self, gateway: Gateway) -> list[BaseRouteHandler]:
-        """The cached generation endpoints and the cache management endpoints."""
-        return [*cached_handlers(gateway), *admin_handlers(gateway, self)]
 
     @asynccontextmanager
     async def lifespan(self, _: Litestar) -> AsyncIterator[None]:

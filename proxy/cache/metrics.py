@@ -30,7 +30,7 @@ from cachelayer.stats import StoreSnapshot
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.kv_pages import kv_offloads
 from proxy.cache.stats import radix_stats
-from proxy.router import Router
+from proxy.routing.pool import WorkerPool
 from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
 
 OPERATION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25)
@@ -54,7 +54,7 @@ class CacheCollector:
     """A prometheus_client collector over the store, the counters and the router."""
 
     def __init__(
-        self, store_stats: Callable[[], StoreSnapshot | None], monitor: CacheMonitor, router: Router
+        self, store_stats: Callable[[], StoreSnapshot | None], monitor: CacheMonitor, router: WorkerPool
     ) -> None:
         self._store_stats = store_stats
         self._monitor = monitor
@@ -116,7 +116,7 @@ def register(
     registry: MetricsRegistry,
     store_stats: Callable[[], StoreSnapshot | None],
     monitor: CacheMonitor,
-    router: Router,
+    router: WorkerPool,
     *,
     detailed_profiling: bool,
 ) -> Histogram | None:

@@ -33,7 +33,6 @@ from cachelayer.stats import StoreSnapshot, TierSnapshot
 from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
-from proxy.router import Router
 from proxy.routing.pool import WorkerPool
 
 FULL_FRACTION = 0.95
@@ -215,7 +214,7 @@ def build_stats(
     preset: str,
     store: StoreSnapshot | None,
     monitor: CacheMonitor,
-    router: Router,
+    router: WorkerPool,
     admission: AdmissionGate,
     *,
     enabled: bool,
@@ -303,9 +302,9 @@ def _response_cache(
     )
 
 
-def radix_stats(router: Router) -> RadixTreeStats:
+def radix_stats(router: WorkerPool) -> RadixTreeStats:
     """Routing trees of a `WorkerPool`, plus engines that report their own radix cache."""
-    workers = router.workers() if isinstance(router, WorkerPool) else []
+    workers = router.workers()
     trees = [
         WorkerTreeStats(
             worker=w.id,

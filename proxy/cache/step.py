@@ -14,9 +14,9 @@ answers as JSON or SSE) and decides, per request:
              refreshes the entry. While the admission gate is selective (`cachelayer.admission`:
              no hits lately), a body it has not seen is a miss with no key, lookup or store.
 
-Every answer carries `x-radixgate-cache: hit|miss|bypass`. A stream is recorded at the ASGI `send`
-level and a JSON answer is the `Completion` that `forward` sent, so what is stored is exactly what
-the client received.
+Every answer carries `x-radixgate-cache: hit|miss|bypass`. A stream is recorded as it passes to the
+front door's `Responder` and a JSON answer is the `Completion` that `forward` sent, so what is stored
+is exactly what the client received.
 """
 
 from __future__ import annotations
@@ -25,26 +25,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from adapters.base import Completion, EngineRequest
 from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
-from proxy.asgi_types import Send
-from proxy.cache.answers import Headers, Recorder, replay, stored_response
+from proxy.cache.answers import Recorder, replay, stored_response
 from proxy.cache.counters import CacheCounters, CacheMonitor
+from proxy.responder import Headers, Responder
 
 logger = logging.getLogger("radixgate.cache")
 
 Outcome = Literal["hit", "miss", "bypass"]
-Forward = Callable[[Send], Awaitable[Completion | None]]
-"""Sends the engine's answer through `send`; returns the `Completion` it sent when that was a whole
-JSON answer with status 200 (None for a stream or anything else: the step then records the messages)."""
+Forward = Callable[[Responder], Awaitable[Completion | None]]
+"""Sends the engine's answer through a `Responder`; returns the `Completion` it sent when that was a
+whole JSON answer (None for a stream: the step then records its chunks)."""
 
 CACHE_HEADER = b"x-radixgate-cache"
-_CACHE_CONTROL = b"cache-control"
 
 
 @dataclass(slots=True)
@@ -67,10 +65,6 @@ class CachedCall:
     """`perf_counter()` when forwarding to the engine began (None on a hit)."""
     tenant: CacheCounters = field(default_factory=CacheCounters)
     """The caller's tenant's live counters."""
-
-
-CURRENT_CALL: ContextVar[CachedCall | None] = ContextVar("radixgate_cached_call", default=None)
-"""Set by the cached endpoints around the generation handler; None on the plain OpenAI routes."""
 
 
 class _Plan(NamedTuple):
@@ -98,17 +92,23 @@ class ResponseCacheStep:
         """Stores scheduled with `call_soon` and not yet run."""
 
     async def respond(
-        self, request: EngineRequest, request_headers: Headers, headers: Headers, send: Send, forward: Forward
+        self,
+        request: EngineRequest,
+        call: CachedCall | None,
+        cache_control: bytes | None,
+        headers: Headers,
+        responder: Responder,
+        forward: Forward,
     ) -> None:
-        """Answer `request` from the cache, or through `forward(send)` (recording it on a miss).
+        """Answer `request` from the cache, or through `forward(responder)` (recording it on a miss).
 
-        `headers` are the response headers `forward` will send; the cache header is added to them.
+        `call`: a cached endpoint's options (None on the plain routes); `cache_control`: the caller's
+        directives. `headers` are the response headers `forward` will send; the cache header is added.
         """
-        call = CURRENT_CALL.get()
         counters = self.monitor.tenant(request.tenant_id)
         if call is not None:
             call.tenant = counters
-        lookup = self._lookup(request, request_headers, call)
+        lookup = self._lookup(request, cache_control, call)
         if lookup and not self.admission.admit(request.raw_body):
             # The cache is not earning hits and this body is new: no key, no lookup, no store.
             self.admission.observe(False)
@@ -117,7 +117,7 @@ class ResponseCacheStep:
             self.monitor.count(counters, "not_admitted")
             if call is not None:
                 call.outcome, call.forward_started = "miss", time.perf_counter()
-            await forward(send)
+            await forward(responder)
             return
         plan = None if lookup is None else self._plan(request, call, lookup)
         if plan is None:
@@ -125,7 +125,7 @@ class ResponseCacheStep:
             self.monitor.count(counters, "bypasses")
             if call is not None:
                 call.outcome, call.forward_started = "bypass", time.perf_counter()
-            await forward(send)
+            await forward(responder)
             return
         started = time.perf_counter()
         stored = None
@@ -147,15 +147,15 @@ class ResponseCacheStep:
             self.monitor.count(counters, "hits")
             if call is not None:
                 call.outcome = "hit"
-            await replay(send, stored, headers)
+            await replay(responder, stored, headers)
             return
         headers.append((CACHE_HEADER, b"miss"))
         self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
         if call is not None:
             call.outcome, call.forward_started = "miss", time.perf_counter()
         # A stream is recorded message by message; a JSON answer comes back whole from `forward`.
-        recorder = Recorder(send) if request.stream else None
-        completion = await forward(send if recorder is None else recorder.send)
+        recorder = Recorder(responder) if request.stream else None
+        completion = await forward(responder if recorder is None else recorder)
         answer: Recorder | Completion | None = recorder or completion
         if answer is None:  # a JSON answer that was not whole (an error status): nothing to store
             return
@@ -267,7 +267,7 @@ class ResponseCacheStep:
         return True
 
     def _lookup(
-        self, request: EngineRequest, request_headers: Headers, call: CachedCall | None
+        self, request: EngineRequest, cache_control: bytes | None, call: CachedCall | None
     ) -> bool | None:
         """Whether to look `request` up (False: `no-cache`, store only); None to bypass the cache."""
         if self.cache is None or (call is not None and not call.enable_caching):
@@ -275,15 +275,12 @@ class ResponseCacheStep:
         params = request.params
         if (call is None or call.label is None) and not is_deterministic(params.temperature, params.seed):
             return None
-        lookup = True
-        for name, value in request_headers:
-            if name == _CACHE_CONTROL:
-                directives = {part.strip().lower() for part in value.split(b",")}
-                if b"no-store" in directives:
-                    return None
-                if b"no-cache" in directives:
-                    lookup = False
-        return lookup
+        if cache_control is None:
+            return True
+        directives = {part.strip().lower() for part in cache_control.split(b",")}
+        if b"no-store" in directives:
+            return None
+        return b"no-cache" not in directives
 
     def _plan(self, request: EngineRequest, call: CachedCall | None, lookup: bool) -> _Plan | None:
         """The key to use and whether to look it up; None to bypass the cache."""

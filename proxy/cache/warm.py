@@ -31,7 +31,7 @@ from proxy.auth import Tenant
 from proxy.cache.answers import complete_answer
 from proxy.errors import ApiError, ErrorDetail, engine_error_detail
 from proxy.gateway import Gateway
-from proxy.routes.generation import decode_request
+from proxy.pipeline import decode_request
 
 MAX_WARM_ITEMS = 256
 """Requests plus prompts accepted in one call."""

@@ -1,6 +1,6 @@
 """Routing over many engine workers: the `proxy.router.Router` the request path uses.
 
-    config        WorkerSpec, PoolSettings and their knobs (DEFAULT_* next to each)
+    config        WorkerSpec, RoutingSettings and their knobs (DEFAULT_* next to each)
     pool          WorkerPool (the Router) and PoolLease; run-time add, remove and drain
     worker        one worker's load, health, breaker and approximate prefix tree
     policies      round_robin, random, power_of_two, least_load, session

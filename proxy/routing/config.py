@@ -1,16 +1,18 @@
 """Settings of the worker pool: the workers, the routing policy and the resilience knobs.
 
-`PoolSettings` is read from `[routing]` in radixgate.toml (and `RADIXGATE_ROUTING__*`) and the CLI
-(`--policy NAME`); a `WorkerSpec` from `[[workers]]`, `--worker KIND=URL` or a `POST /admin/workers`
-body.
+`RoutingSettings` is `[routing]` in radixgate.toml (and `RADIXGATE_ROUTING__*`, `--policy NAME`); a
+`WorkerSpec` is one `[[workers]]` entry, a `--worker KIND=URL` or a `POST /admin/workers` body. Both
+are the one model of their section: the settings tree (`proxy.settings`) and the pool read them as is.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from proxy.routing.launch import SGLangLaunchSettings
 
 WorkerKind = Literal["sglang", "vllm", "openai", "local"]
 PolicyName = Literal["cache_aware", "round_robin", "random", "power_of_two", "least_load", "session"]
@@ -45,8 +47,11 @@ DEFAULT_BALANCE_REL = 16.0
 DEFAULT_TREE_TTL_S = 600.0
 DEFAULT_EVICT_HEADROOM = 0.1
 
-DEFAULT_HEALTH_INTERVAL_S = 2.0
-DEFAULT_HEALTH_TIMEOUT_S = 2.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BACKOFF_BASE_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 1.0
+
+DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_HEALTH_FAILURE_THRESHOLD = 2
 DEFAULT_HEALTH_SUCCESS_THRESHOLD = 1
 
@@ -57,32 +62,35 @@ DEFAULT_BREAKER_MAX_COOLDOWN_S = 60.0
 DEFAULT_DRAIN_TIMEOUT_S = 300.0
 
 
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+WORKER_URL_PATTERN = r"^(https?://[^/\s]+|local://)"
+"""An http(s) URL with a host, or `local://...` for the embedded engine."""
+WorkerUrl = Annotated[str, msgspec.Meta(pattern=WORKER_URL_PATTERN)]
+
+
 class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One engine worker behind the gateway."""
 
-    url: str
-    """Base URL of the engine, e.g. `http://10.0.0.5:30000` (ignored for `local`)."""
+    url: WorkerUrl
+    """Base URL, with or without the trailing `/v1` (`http://10.0.0.5:8000`); ignored for `local`."""
     kind: WorkerKind = "openai"
     """Wire protocol: `sglang`, `vllm`, `openai` (any OpenAI-compatible server) or `local` (embedded)."""
     id: str | None = None
-    """Stable name in metrics and the admin API; defaults to `KIND@HOST:PORT`."""
+    """Stable name in metrics, `/health` and the admin API; defaults to `KIND@HOST:PORT`."""
     models: list[str] = msgspec.field(default_factory=list)
-    """Models this worker serves; empty means every configured model."""
-    weight: float = DEFAULT_WEIGHT
+    """Models this worker serves; empty means ask the worker (`GET /v1/models`)."""
+    weight: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_WEIGHT
     """Relative capacity: a worker of weight 2 is given twice the load before it looks as busy."""
-    max_concurrency: int | None = None
+    max_concurrency: PositiveInt | None = None
     """In-flight requests above which the worker is skipped; None means no local limit."""
-    capacity_tokens: int | None = None
+    capacity_tokens: PositiveInt | None = None
     """KV capacity in tokens that sizes its routing tree; None asks the engine (SGLang, vLLM) or
     uses the default."""
     api_key: str | None = None
-    """Bearer token for the engine, if it requires one."""
+    """Bearer token radixgate sends to this worker (never the client's key)."""
 
     def __post_init__(self) -> None:
-        if self.weight <= 0:
-            raise ValueError("worker weight must be > 0")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError("worker max_concurrency must be >= 1")
         if self.kind != "local" and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"worker url must start with http:// or https://, got {self.url!r}")
 
@@ -132,19 +140,6 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     """Output length assumed when a request sets no `max_tokens`."""
 
 
-class HealthSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Active health checks."""
-
-    interval_s: float = DEFAULT_HEALTH_INTERVAL_S
-    """Seconds between two checks of one worker."""
-    timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
-    """Seconds one check may take before it counts as failed."""
-    failure_threshold: int = DEFAULT_HEALTH_FAILURE_THRESHOLD
-    """Consecutive failed checks that mark a worker down."""
-    success_threshold: int = DEFAULT_HEALTH_SUCCESS_THRESHOLD
-    """Consecutive good checks that bring a down worker back."""
-
-
 class BreakerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Circuit breaker per worker, fed by the outcome of real requests."""
 
@@ -156,19 +151,37 @@ class BreakerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     """Cap of the cooldown, which doubles each time a trial request fails."""
 
 
-class PoolSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """How requests are spread over the worker pool, and how failing workers are handled."""
+class RoutingSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How a request finds a worker, and what happens when one fails."""
 
     policy: PolicyName = DEFAULT_POLICY
-    """Routing policy: cache_aware, round_robin, random, power_of_two, least_load or session."""
+    """cache_aware (default), round_robin, random, power_of_two, least_load or session."""
+    max_attempts: PositiveInt = DEFAULT_MAX_ATTEMPTS
+    """Tries per request, each on a worker that has not failed it yet; only before the first byte."""
+    backoff_base_s: Seconds = DEFAULT_BACKOFF_BASE_S
+    """First retry waits up to this long; each later retry doubles it (full jitter)."""
+    backoff_max_s: Seconds = DEFAULT_BACKOFF_MAX_S
+    """Cap on one retry's wait."""
     tokenizers: dict[str, str] = msgspec.field(default_factory=dict)
-    """Per model: a tokenizer.json path, a directory holding one, a .gguf file, or "engine"
-    (ask the worker's `/tokenize`). Models not listed are routed on UTF-8 bytes."""
+    """Per model, what cache_aware tokenizes with: a tokenizer.json (or its directory), a .gguf file,
+    or "engine" (the worker's /tokenize). Unlisted models are routed on UTF-8 bytes."""
     cache_aware: CacheAwareSettings = msgspec.field(default_factory=CacheAwareSettings)
-    health: HealthSettings = msgspec.field(default_factory=HealthSettings)
+    """Thresholds and weights of the cache_aware cost function."""
     breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    """Circuit breaker per worker."""
+    health_interval_s: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_HEALTH_INTERVAL_S
+    """Seconds between two health checks of each worker (one check may take
+    `upstream_client.health_timeout_s`)."""
+    health_failure_threshold: PositiveInt = DEFAULT_HEALTH_FAILURE_THRESHOLD
+    """Consecutive failed health checks that take a worker out of rotation."""
+    health_success_threshold: PositiveInt = DEFAULT_HEALTH_SUCCESS_THRESHOLD
+    """Consecutive good health checks that bring it back."""
+    drain_timeout_s: Seconds = DEFAULT_DRAIN_TIMEOUT_S
     """Seconds a removed worker may finish its in-flight requests before it is closed anyway."""
+    local_workers: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """Embedded-engine worker processes to start on loopback ports and route over (`--workers N`)."""
+    launch_sglang: SGLangLaunchSettings | None = None
+    """SGLang servers to start and route over (`--launch-sglang PATH --replicas N`; GPU host)."""
 
 
 def parse_worker_arg(value: str) -> WorkerSpec:

@@ -11,48 +11,16 @@ import msgspec
 
 from adapters.base import Engine
 from adapters.local.config import default_model_path
-from proxy.routing.config import HealthSettings, PoolSettings, WorkerSpec
+from proxy.routing.config import WorkerSpec
 from proxy.routing.launch import DEFAULT_STARTUP_TIMEOUT_S, Launcher
 from proxy.routing.pool import WorkerPool
 from proxy.routing.registry import http_engine_factory, worker_id_of
-from proxy.settings import Settings, WorkerSettings
+from proxy.settings import Settings
 
 if TYPE_CHECKING:
     from proxy.telemetry import Telemetry
 
 LOCAL_WORKER_ID = "local"
-
-
-def pool_settings(settings: Settings) -> PoolSettings:
-    """The pool's knobs from `[routing]` (and the health timeout from `[upstream_client]`)."""
-    routing = settings.routing
-    return PoolSettings(
-        policy=routing.policy,
-        tokenizers=dict(routing.tokenizers),
-        cache_aware=routing.cache_aware,
-        health=HealthSettings(
-            interval_s=routing.health_interval_s,
-            timeout_s=settings.upstream_client.health_timeout_s,
-            failure_threshold=routing.health_failure_threshold,
-            success_threshold=routing.health_success_threshold,
-        ),
-        breaker=routing.breaker,
-        drain_timeout_s=routing.drain_timeout_s,
-    )
-
-
-def worker_spec(worker: WorkerSettings) -> WorkerSpec:
-    """A configured upstream worker as the pool's `WorkerSpec`."""
-    return WorkerSpec(
-        url=worker.url,
-        kind=worker.kind,
-        id=worker.id,
-        models=list(worker.models),
-        weight=worker.weight,
-        max_concurrency=worker.max_concurrency,
-        capacity_tokens=worker.capacity_tokens,
-        api_key=worker.api_key,
-    )
 
 
 def build_pool(settings: Settings, telemetry: Telemetry | None = None) -> WorkerPool:
@@ -66,7 +34,7 @@ def build_pool(settings: Settings, telemetry: Telemetry | None = None) -> Worker
         return create_local_engine(local_engine_config(settings))
 
     if settings.workers:
-        specs = _unique_ids([worker_spec(worker) for worker in settings.workers])
+        specs = _unique_ids(list(settings.workers))
     else:
         model = settings.local_engine.model_id
         specs = [WorkerSpec(kind="local", url="local://embedded", id=LOCAL_WORKER_ID, models=[model])]
@@ -74,7 +42,8 @@ def build_pool(settings: Settings, telemetry: Telemetry | None = None) -> Worker
     return WorkerPool(
         models,
         specs,
-        pool_settings(settings),
+        settings.routing,
+        health_timeout_s=settings.upstream_client.health_timeout_s,
         engine_factory=http_engine_factory(settings.upstream_client, local_engine),
         metrics=telemetry.prometheus if telemetry is not None else None,
         tracer=telemetry.tracer if telemetry is not None else None,
@@ -115,7 +84,7 @@ def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
     """Start the worker processes `[routing]` asks for, wait until they are healthy, and return the
     settings with them added to `workers`."""
     routing = settings.routing
-    added: list[WorkerSettings] = []
+    added: list[WorkerSpec] = []
     if routing.local_workers:
         config = child_worker_toml(settings)
         # The first worker alone: on a cold machine it converts and caches the weights, which the
@@ -127,7 +96,7 @@ def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
             launcher.wait_healthy(rest, DEFAULT_STARTUP_TIMEOUT_S)
             started += rest
         model = settings.local_engine.model_id
-        added += [WorkerSettings(url=w.url, kind="openai", models=[model]) for w in started]
+        added += [WorkerSpec(url=w.url, kind="openai", models=[model]) for w in started]
         if model not in routing.tokenizers:  # route on the model's own token ids, not UTF-8 bytes
             gguf = settings.local_engine.model_path or default_model_path()
             routing = msgspec.structs.replace(routing, tokenizers={**routing.tokenizers, model: str(gguf)})
@@ -135,7 +104,7 @@ def with_launched_workers(settings: Settings, launcher: Launcher) -> Settings:
     if routing.launch_sglang is not None:
         started = launcher.start_sglang(routing.launch_sglang)
         launcher.wait_healthy(started, routing.launch_sglang.startup_timeout_s)
-        added += [WorkerSettings(url=w.url, kind="sglang") for w in started]
+        added += [WorkerSpec(url=w.url, kind="sglang") for w in started]
     if not added:
         return settings
     return msgspec.structs.replace(settings, workers=[*settings.workers, *added])

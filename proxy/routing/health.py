@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from adapters.engine_metrics import ListsModels, ReportsCapacity, ReportsLoad
-from proxy.routing.config import HealthSettings
+from proxy.routing.config import RoutingSettings
 from proxy.routing.worker import Worker
 
 logger = logging.getLogger("radixgate.routing.health")
@@ -32,7 +32,10 @@ class _Streak:
 class HealthMonitor:
     """Polls workers in the background; `check_all` also runs on demand (start-up, tests)."""
 
-    settings: HealthSettings
+    settings: RoutingSettings
+    """The thresholds and interval (`health_*`)."""
+    timeout_s: float
+    """Seconds one check may take before it counts as failed."""
     workers: Callable[[], Iterable[Worker]]
     on_change: Callable[[Worker], None] = lambda worker: None
     tree_ttl_s: float | None = None
@@ -40,7 +43,7 @@ class HealthMonitor:
     _task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start polling every `interval_s`."""
+        """Start polling every `health_interval_s`."""
         self._task = asyncio.create_task(self._poll(), name="radixgate-routing-health")
 
     async def stop(self) -> None:
@@ -62,14 +65,14 @@ class HealthMonitor:
         if ok:
             streak.successes, streak.failures = streak.successes + 1, 0
             if worker.health != "up" and (
-                worker.health == "unknown" or streak.successes >= self.settings.success_threshold
+                worker.health == "unknown" or streak.successes >= self.settings.health_success_threshold
             ):
                 await self._came_up(worker)
         else:
             streak.successes, streak.failures = 0, streak.failures + 1
             # A worker never seen up is down at its first failure; a known-good one gets the threshold.
             if worker.health == "unknown" or (
-                worker.health == "up" and streak.failures >= self.settings.failure_threshold
+                worker.health == "up" and streak.failures >= self.settings.health_failure_threshold
             ):
                 self._went_down(worker)
         if self.tree_ttl_s is not None:
@@ -81,7 +84,7 @@ class HealthMonitor:
 
     async def _probe(self, worker: Worker) -> bool:
         try:
-            async with asyncio.timeout(self.settings.timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 ok = await worker.engine.check_health()
                 if ok and isinstance(worker.engine, ReportsLoad):
                     load = await worker.engine.load()
@@ -109,13 +112,13 @@ class HealthMonitor:
         logger.info("worker %s is up", worker.id)
         if not worker.spec.models and isinstance(worker.engine, ListsModels):
             try:
-                async with asyncio.timeout(self.settings.timeout_s):
+                async with asyncio.timeout(self.timeout_s):
                     worker.discovered_models = await worker.engine.list_models()
             except Exception as exc:  # the worker then serves whatever model it is asked for
                 logger.debug("models of %s unknown: %r", worker.id, exc)
         if worker.spec.capacity_tokens is None and isinstance(worker.engine, ReportsCapacity):
             try:
-                async with asyncio.timeout(self.settings.timeout_s):
+                async with asyncio.timeout(self.timeout_s):
                     capacity = await worker.engine.kv_capacity_tokens()
             except Exception as exc:  # capacity is an optimisation; the default still works
                 logger.debug("capacity of %s unknown: %r", worker.id, exc)
@@ -133,5 +136,5 @@ class HealthMonitor:
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.interval_s)
+            await asyncio.sleep(self.settings.health_interval_s)
             await self.check_all()

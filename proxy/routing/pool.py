@@ -23,7 +23,8 @@ from adapters.base import Engine, EngineRequest
 from adapters.engine_metrics import FlushesCache, LoadsInProcess
 from adapters.errors import EngineOverloaded
 from adapters.schema import Usage
-from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, PoolSettings, WorkerSpec
+from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
+from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
 from proxy.routing.observe import RoutingObserver
 from proxy.routing.policies import Decision, RoutingContext
@@ -107,9 +108,10 @@ class WorkerPool:
         self,
         models: Sequence[str],
         workers: Sequence[WorkerSpec],
-        settings: PoolSettings,
+        settings: RoutingSettings,
         *,
         engine_factory: EngineFactory,
+        health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
         metrics: MetricsRegistry | None = None,
         tracer: Tracer | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -126,7 +128,8 @@ class WorkerPool:
         self.prompts = PromptTokens(settings.tokenizers, settings.cache_aware.expected_output_tokens)
         self.observer = RoutingObserver.create(metrics, tracer, lambda: self._workers.values())
         self.health = HealthMonitor(
-            settings.health,
+            settings,
+            health_timeout_s,
             lambda: self._workers.values(),
             on_change=self._learn_models,
             tree_ttl_s=settings.cache_aware.tree_ttl_s,

@@ -1,6 +1,6 @@
 """Token ids of a request for the routing trees: templated, tokenized, salted by tenant.
 
-Each model gets its tokenizer from `PoolSettings.tokenizers` (see `proxy.routing.tokenizing`);
+Each model gets its tokenizer from `RoutingSettings.tokenizers` (see `proxy.routing.tokenizing`);
 "engine" asks a worker's `/tokenize`; anything that fails falls back to UTF-8 bytes for that request.
 A non-empty tenant salt becomes one leading pseudo-token, so two tenants' identical prompts never
 share a path in any tree (the engines get the salt as `cache_salt` and do not share KV either).

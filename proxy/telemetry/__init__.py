@@ -23,7 +23,6 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from adapters.base import Engine, EngineRequest
 from proxy.telemetry import semconv
@@ -32,7 +31,6 @@ from proxy.telemetry.middleware import ServerSpanMiddleware
 from proxy.telemetry.operation import GenAIInstruments, Operation, request_attributes
 from proxy.telemetry.prometheus import CONTENT_TYPE, GatewayMetrics, MetricsRegistry
 from proxy.telemetry.providers import build_meter_provider, build_resource, build_span_processor
-from proxy.telemetry.spans import LeanTracer
 
 __all__ = ["MetricsRegistry", "Operation", "Telemetry", "TelemetrySettings"]
 
@@ -46,16 +44,12 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None,
         meter_provider: otel_metrics.MeterProvider | None,
         service_version: str,
-        tracer: trace.Tracer | None = None,
         owned: tuple[TracerProvider | MeterProvider, ...] = (),
     ) -> None:
-        """Prefer `from_settings`. A None provider means "do not record" (the no-op implementation);
-        `tracer` replaces the provider's own tracer (the lean one)."""
+        """Prefer `from_settings`. A None provider means "do not record" (the no-op implementation)."""
         self.tracer_provider = tracer_provider or trace.NoOpTracerProvider()
         self.meter_provider = meter_provider or otel_metrics.NoOpMeterProvider()
-        self.tracer = tracer or self.tracer_provider.get_tracer(
-            semconv.INSTRUMENTATION_SCOPE, service_version
-        )
+        self.tracer = self.tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, service_version)
         """For other components' child spans (routing, cache)."""
         self.meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, service_version)
         self.prometheus = MetricsRegistry()
@@ -87,9 +81,9 @@ class Telemetry:
     ) -> Telemetry:
         """Build from settings and the `OTEL_*` environment.
 
-        Spans: an injected `tracer_provider` is used as is (the SDK's own tracer). Otherwise spans
-        go through `LeanTracer` into `span_processor`, or into the batch processor the `OTEL_*`
-        variables configure; with neither, spans are not recorded. Metrics: an injected
+        Spans: an injected `tracer_provider` is used as is. Otherwise an SDK `TracerProvider` sends
+        them to `span_processor`, or to the batch processor the `OTEL_*` variables configure; with
+        neither, spans are not recorded. Metrics: an injected
         `meter_provider`, or one the variables configure, or none. Injected providers are left to
         their owner to shut down; what is built here (the span processor included) is shut down
         by `shutdown()`.
@@ -97,20 +91,12 @@ class Telemetry:
         if not settings.enabled:
             return cls(tracer_provider=None, meter_provider=None, service_version=service_version)
         owned: list[TracerProvider | MeterProvider] = []
-        tracer: trace.Tracer | None = None
         resource = build_resource(settings.service_name, service_version)
         if tracer_provider is None:
             span_processor = span_processor or build_span_processor()
             if span_processor is not None:
                 sdk_provider = TracerProvider(resource=resource)
                 sdk_provider.add_span_processor(span_processor)
-                tracer = LeanTracer(
-                    resource=resource,
-                    sampler=sdk_provider.sampler,
-                    id_generator=sdk_provider.id_generator,
-                    processor=span_processor,
-                    scope=InstrumentationScope(semconv.INSTRUMENTATION_SCOPE, service_version),
-                )
                 tracer_provider = sdk_provider
                 owned.append(sdk_provider)
         if meter_provider is None and (built_meter := build_meter_provider(resource)) is not None:
@@ -120,7 +106,6 @@ class Telemetry:
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             service_version=service_version,
-            tracer=tracer,
             owned=tuple(owned),
         )
 

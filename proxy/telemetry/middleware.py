@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from proxy.asgi_types import tracking_status
+from proxy.asgi_types import StatusSend
 from proxy.telemetry import propagation, semconv
 from proxy.telemetry.prometheus import GatewayMetrics
 
@@ -62,7 +62,8 @@ class ServerSpanMiddleware:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        response, send = tracking_status(scope, send)
+        response = StatusSend(send)
+        send = response.send
         self.metrics.in_flight.inc()
         error_type: str | None = None
         try:
@@ -84,7 +85,8 @@ class ServerSpanMiddleware:
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request with its Prometheus series and no span (tracing off, no caller's trace)."""
         started = time.perf_counter()
-        response, send = tracking_status(scope, send)
+        response = StatusSend(send)
+        send = response.send
         metrics = self.metrics
         metrics.in_flight.inc()
         try:

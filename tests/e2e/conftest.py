@@ -9,7 +9,8 @@ import pytest
 
 from adapters.openai_compat import UpstreamClientConfig
 from proxy.app import create_app
-from proxy.settings import RoutingSettings, Settings, WorkerSettings
+from proxy.routing.config import RoutingSettings, WorkerSpec
+from proxy.settings import Settings
 from tests.gateway_server import GatewayServer
 from tests.upstream_server import UpstreamServer
 
@@ -21,7 +22,7 @@ READ_TIMEOUT_S = 2.0
 def gateway_settings(*upstream_urls: str, **sections: object) -> Settings:
     """Settings for a gateway in front of `upstream_urls`, each serving MODEL."""
     base: dict[str, object] = {
-        "workers": [WorkerSettings(url=url, models=[MODEL]) for url in upstream_urls],
+        "workers": [WorkerSpec(url=url, models=[MODEL]) for url in upstream_urls],
         "routing": RoutingSettings(max_attempts=3, backoff_base_s=0.01, health_interval_s=30),
         "upstream_client": UpstreamClientConfig(read_timeout_s=READ_TIMEOUT_S),
     }

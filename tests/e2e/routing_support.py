@@ -16,8 +16,9 @@ import msgspec
 from adapters.engine_metrics import parse_prometheus
 from adapters.openai_compat import UpstreamClientConfig
 from proxy.app import create_app
+from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.launch import free_port
-from proxy.settings import RoutingSettings, Settings, WorkerSettings
+from proxy.settings import Settings
 from tests.gateway_server import GatewayServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,8 +106,7 @@ def start_gateway(workers: Sequence[SimWorker], **routing: object) -> GatewaySer
     options.update(routing)
     settings = Settings(
         workers=[
-            WorkerSettings(url=w.url, kind="sglang", models=[MODEL], id=f"w{i}")
-            for i, w in enumerate(workers)
+            WorkerSpec(url=w.url, kind="sglang", models=[MODEL], id=f"w{i}") for i, w in enumerate(workers)
         ],
         routing=msgspec.convert(options, RoutingSettings),
         upstream_client=UpstreamClientConfig(connect_timeout_s=1, read_timeout_s=30, health_timeout_s=1),

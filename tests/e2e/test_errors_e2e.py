@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.settings import RoutingSettings, ServerSettings
+from proxy.routing.config import RoutingSettings
+from proxy.settings import ServerSettings
 from tests.e2e.conftest import MODEL, gateway_settings
 from tests.gateway_server import GatewayServer
 from tests.upstream_server import Fault, UpstreamServer

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from adapters.base import Completion, EngineRequest
 from adapters.errors import EngineError
 from adapters.schema import probe_response
-from proxy.routing.config import PoolSettings, WorkerSpec
+from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.pool import WorkerPool
 
 BODY = (
@@ -77,5 +77,5 @@ def scripted_pool(engines: list[ScriptedEngine], model: str = "m") -> WorkerPool
         WorkerSpec(url=f"http://{engine.name}.test", id=engine.name, models=[model]) for engine in engines
     ]
     return WorkerPool(
-        [model], specs, PoolSettings(policy="round_robin"), engine_factory=lambda spec: by_id[str(spec.id)]
+        [model], specs, RoutingSettings(policy="round_robin"), engine_factory=lambda spec: by_id[str(spec.id)]
     )

@@ -12,7 +12,8 @@ from litestar.testing import TestClient
 
 from proxy.app import create_app
 from proxy.openapi_export import build_openapi
-from proxy.settings import Settings, WorkerSettings
+from proxy.routing.config import WorkerSpec
+from proxy.settings import Settings
 
 OPENAPI_FILE = Path(__file__).parents[2] / "openapi.yaml"
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -21,7 +22,7 @@ PATH_PARAMETER = re.compile(r"\{(\w+):\w+\}")
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    app = create_app(Settings(workers=[WorkerSettings(url="http://127.0.0.1:9", models=["m"])]))
+    app = create_app(Settings(workers=[WorkerSpec(url="http://127.0.0.1:9", models=["m"])]))
     with TestClient(app) as client:
         yield client
 

@@ -1,4 +1,4 @@
-"""The response-cache step over a memory store, driven with plain ASGI messages."""
+"""The response-cache step over a memory store, its answers framed by the HTTP responder."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ import msgspec
 import pytest
 
 from adapters.base import Completion, EngineRequest
+from adapters.errors import EngineError, UpstreamUnreachable
 from adapters.schema import ChatCompletionRequest
 from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache
 from cachelayer.tiers import StoreConfig, TieredStore
-from proxy.asgi_types import Message, Send
+from proxy.asgi_types import Message
 from proxy.cache.answers import complete_answer
 from proxy.cache.step import CACHE_HEADER, ResponseCacheStep
+from proxy.errors import ErrorDetail
+from proxy.responder import Responder
+from proxy.routes.asgi_responder import AsgiResponder
 
 CHUNKS = [
     {
@@ -36,42 +40,60 @@ def request(stream: bool, **fields: Any) -> EngineRequest:
 
 
 class Upstream:
-    """A `forward` that sends a scripted answer and counts its calls."""
+    """A `forward` that sends a scripted answer through the step's `Responder` and counts its calls.
 
-    def __init__(self, events: list[bytes], *, status: int = 200, stream: bool = True) -> None:
-        self.events, self.status, self.stream, self.calls = events, status, stream, 0
+    A stream's `ending`: "done" (ends cleanly), "error" (an error after its start), "cut" (never ended:
+    the client left); `error` raises before any answer, as a failing engine does."""
 
-    async def __call__(self, send: Send) -> Completion | None:
+    def __init__(
+        self,
+        payloads: list[bytes],
+        *,
+        stream: bool = True,
+        ending: str = "done",
+        error: EngineError | None = None,
+    ) -> None:
+        self.payloads, self.stream, self.ending, self.error, self.calls = payloads, stream, ending, error, 0
+
+    async def __call__(self, responder: Responder) -> Completion | None:
         self.calls += 1
-        content = b"text/event-stream" if self.stream else b"application/json"
-        await send(
-            {"type": "http.response.start", "status": self.status, "headers": [(b"content-type", content)]}
-        )
-        for number, event in enumerate(self.events):
-            last = number == len(self.events) - 1
-            await send({"type": "http.response.body", "body": event, "more_body": not last})
-        if self.stream or self.status != 200:
-            return None
-        # As the gateway's handler does: the whole JSON answer, its choices left for the step to count.
-        return Completion(body=b"".join(self.events))
+        if self.error is not None:
+            raise self.error
+        if not self.stream:
+            body = b"".join(self.payloads)
+            await responder.send_json(body, [])
+            # As the pipeline does: the whole JSON answer, its choices left for the step to count.
+            return Completion(body=body)
+        await responder.start_stream([], self.payloads[0])
+        for payload in self.payloads[1:]:
+            await responder.send_chunk(payload)
+        if self.ending == "done":
+            await responder.end_stream()
+        elif self.ending == "error":
+            await responder.end_stream(ErrorDetail(message="boom", type="server_error"))
+        return None
 
 
-def sse(*payloads: Any) -> list[bytes]:
-    return [b"data: " + json.dumps(p).encode() + b"\n\n" for p in payloads] + [b"data: [DONE]\n\n"]
+def chunks(*payloads: Any) -> list[bytes]:
+    return [json.dumps(p).encode() for p in payloads]
+
+
+def sse(*payloads: Any) -> bytes:
+    return b"".join(b"data: " + p + b"\n\n" for p in chunks(*payloads)) + b"data: [DONE]\n\n"
 
 
 async def serve(
-    step: ResponseCacheStep, req: EngineRequest, upstream: Upstream, **headers: str
+    step: ResponseCacheStep, req: EngineRequest, upstream: Upstream, cache_control: str | None = None
 ) -> tuple[str, bytes]:
-    """(x-radixgate-cache, whole body) of one request through the step."""
+    """(x-radixgate-cache, whole body) of one request through the step, framed as the HTTP routes do."""
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    request_headers = [(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()]
     response_headers: list[tuple[bytes, bytes]] = []
-    await step.respond(req, request_headers, response_headers, send, upstream)
+    control = cache_control.encode() if cache_control is not None else None
+    await step.respond(req, None, control, response_headers, AsgiResponder(send, lambda: None), upstream)
     await step.drain()
     outcome = dict(response_headers)[CACHE_HEADER].decode()
     return outcome, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
@@ -83,35 +105,39 @@ def step() -> ResponseCacheStep:
 
 
 async def test_a_complete_stream_is_stored_and_replayed_byte_for_byte(step: ResponseCacheStep) -> None:
-    upstream = Upstream(sse(*CHUNKS))
+    upstream = Upstream(chunks(*CHUNKS))
     first = await serve(step, request(True), upstream)
     second = await serve(step, request(True), upstream)
     assert (first[0], second[0]) == ("miss", "hit")
-    assert second[1] == first[1] == b"".join(sse(*CHUNKS))
+    assert second[1] == first[1] == sse(*CHUNKS)
     assert upstream.calls == 1
     assert (step.monitor.total.stores, step.monitor.total.hits) == (1, 1)
 
 
 @pytest.mark.parametrize(
-    "events",
+    ("payloads", "ending"),
     [
-        sse(*CHUNKS[:2]),  # ended cleanly, but the choice never finished
-        sse(*CHUNKS)[:-1],  # no [DONE]
-        [*sse(*CHUNKS[:2])[:-1], b'data: {"error": {"message": "boom"}}\n\n', b"data: [DONE]\n\n"],
+        (chunks(*CHUNKS[:2]), "done"),  # ended cleanly, but the choice never finished
+        (chunks(*CHUNKS), "cut"),  # never ended
+        (chunks(*CHUNKS[:2]), "error"),  # an error event after its start
     ],
-    ids=["unfinished", "no-done", "error-event"],
+    ids=["unfinished", "cut", "error-event"],
 )
-async def test_incomplete_streams_are_not_stored(step: ResponseCacheStep, events: list[bytes]) -> None:
-    upstream = Upstream(events)
+async def test_incomplete_streams_are_not_stored(
+    step: ResponseCacheStep, payloads: list[bytes], ending: str
+) -> None:
+    upstream = Upstream(payloads, ending=ending)
     outcomes = [(await serve(step, request(True), upstream))[0] for _ in range(2)]
     assert outcomes == ["miss", "miss"] and upstream.calls == 2
     assert (step.monitor.total.stores, step.monitor.total.not_stored) == (0, 2)
 
 
-async def test_error_statuses_are_not_stored(step: ResponseCacheStep) -> None:
-    upstream = Upstream([b'{"error": {"message": "no"}}'], status=429, stream=False)
-    outcomes = [(await serve(step, request(False), upstream))[0] for _ in range(2)]
-    assert outcomes == ["miss", "miss"]
+async def test_engine_errors_are_not_stored(step: ResponseCacheStep) -> None:
+    upstream = Upstream([], stream=False, error=UpstreamUnreachable("down"))
+    for _ in range(2):
+        with pytest.raises(UpstreamUnreachable):
+            await serve(step, request(False), upstream)
+    assert upstream.calls == 2 and step.monitor.total.stores == 0
 
 
 async def test_cache_control_directives(step: ResponseCacheStep) -> None:
@@ -129,7 +155,7 @@ async def test_cache_control_directives(step: ResponseCacheStep) -> None:
 
 
 async def test_sampled_requests_bypass_and_a_disabled_cache_bypasses_all() -> None:
-    upstream = Upstream(sse(*CHUNKS))
+    upstream = Upstream(chunks(*CHUNKS))
     enabled = ResponseCacheStep(ResponseCache(TieredStore.from_config(StoreConfig())))
     assert (await serve(enabled, request(True, temperature=0.3), upstream))[0] == "bypass"
     assert (await serve(enabled, request(True, temperature=0.3, seed=4), upstream))[0] == "miss"
@@ -194,12 +220,11 @@ async def test_a_counted_completion_is_stored_only_when_every_choice_finished(
 ) -> None:
     body = b'{"id":"x","choices":[]}'
 
-    async def two_choices(send: Send) -> Completion:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
+    async def two_choices(responder: Responder) -> Completion:
+        await responder.send_json(body, [])
         return Completion(body=body, finish_reasons=["stop"], choices=2)
 
-    await step.respond(request(False), [], [], lambda m: _ignore(m), two_choices)
+    await step.respond(request(False), None, None, [], AsgiResponder(_ignore, lambda: None), two_choices)
     await step.drain()
     assert (step.monitor.total.stores, step.monitor.total.not_stored) == (0, 1)
 

@@ -9,7 +9,7 @@ import pytest
 
 from adapters.base import Completion, EngineRequest
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
-from proxy.routing.config import PoolSettings, WorkerSpec
+from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.pool import WorkerPool
 
 
@@ -77,7 +77,10 @@ def make_pool(count: int = 3, *, policy: str = "cache_aware", **settings: object
         for i in range(count)
     ]
     return WorkerPool(
-        ["m"], specs, msgspec.convert({"policy": policy, **settings}, PoolSettings), engine_factory=FakeEngine
+        ["m"],
+        specs,
+        msgspec.convert({"policy": policy, **settings}, RoutingSettings),
+        engine_factory=FakeEngine,
     )
 
 

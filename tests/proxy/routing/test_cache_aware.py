@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from adapters.schema import PromptTokensDetails, Usage
-from proxy.routing.config import DEFAULT_PREFILL_TOKENS_PER_S, PoolSettings
+from proxy.routing.config import DEFAULT_PREFILL_TOKENS_PER_S, RoutingSettings
 from tests.proxy.routing.conftest import chat_request, make_pool
 
 SYSTEM = "You are a careful assistant. " * 40
@@ -115,7 +115,7 @@ async def test_trees_stay_within_worker_capacity() -> None:
 
 def test_cache_aware_settings_reject_unknown_keys() -> None:
     with pytest.raises(msgspec.ValidationError, match="match_treshold"):
-        msgspec.convert({"cache_aware": {"match_treshold": 0.5}}, PoolSettings)
+        msgspec.convert({"cache_aware": {"match_treshold": 0.5}}, RoutingSettings)
 
 
 async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import SettingsError, load_settings
-from proxy.routing.from_settings import child_worker_toml, pool_settings, worker_spec
+from proxy.routing.from_settings import child_worker_toml
 from proxy.routing.launch import SGLangLaunchSettings, local_worker_command, sglang_command
 from tests.e2e.routing_support import REPO
 
@@ -82,11 +82,11 @@ def test_the_same_in_radixgate_toml(tmp_path: Path) -> None:
         '[routing.launch_sglang]\nmodel_path = "/m"\nreplicas = 2\n'
     )
     settings = load_settings(str(config), environ={})
-    spec = worker_spec(settings.workers[0])
+    spec = settings.workers[0]
     assert (spec.kind, spec.weight, spec.max_concurrency) == ("sglang", 2.0, 8)
-    pool = pool_settings(settings)
-    assert pool.policy == "session" and pool.health.failure_threshold == 4
-    assert pool.cache_aware.decode_weight == 0.5
+    routing = settings.routing
+    assert routing.policy == "session" and routing.health_failure_threshold == 4
+    assert routing.cache_aware.decode_weight == 0.5
     assert settings.routing.local_workers == 3 and settings.routing.launch_sglang is not None
 
 

@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.routing.config import PoolSettings, WorkerSpec
+from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.pool import WorkerPool
 from proxy.telemetry import semconv
 from proxy.telemetry.prometheus import MetricsRegistry
@@ -23,7 +23,7 @@ async def test_each_decision_has_a_span_and_counters() -> None:
     pool = WorkerPool(
         ["m"],
         specs,
-        msgspec.convert({}, PoolSettings),
+        msgspec.convert({}, RoutingSettings),
         engine_factory=FakeEngine,
         metrics=registry,
         tracer=provider.get_tracer("test"),

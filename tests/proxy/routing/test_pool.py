@@ -49,7 +49,7 @@ async def test_the_breaker_opens_after_consecutive_failures_and_closes_after_a_g
 
 
 async def test_health_checks_take_a_down_worker_out_and_bring_it_back() -> None:
-    pool = make_pool(2, policy="round_robin", health={"failure_threshold": 2, "success_threshold": 2})
+    pool = make_pool(2, policy="round_robin", health_failure_threshold=2, health_success_threshold=2)
     await pool.health.check_all()
     assert pool.readiness() == {"m": True}
     engine_of(pool, "w0").healthy = False
@@ -69,7 +69,7 @@ async def test_health_checks_take_a_down_worker_out_and_bring_it_back() -> None:
 
 
 async def test_readiness_needs_a_healthy_worker_per_model() -> None:
-    pool = make_pool(1, health={"failure_threshold": 1})
+    pool = make_pool(1, health_failure_threshold=1)
     engine_of(pool, "w0").healthy = False
     await pool.health.check_all()
     assert pool.readiness() == {"m": False}

@@ -1,0 +1,162 @@
+"""The request pipeline: one path from a generation request to its answer, for every front door.
+
+    tenant = pipeline.authenticate(authorization)        # as soon as the credentials are in
+    await pipeline.serve(GenerationCall(operation, body, tenant), responder)
+
+The steps of `serve`, in order:
+
+    decode      the body into the fields radixgate reads (msgspec); 400 naming the `param`
+    admit       the tenant may use the model: it is served (404 `model_not_found`)
+    cache       the exact-match response cache replays a hit, or records the miss (`proxy.cache.step`)
+    lease       the forwarder leases a worker from the router and calls its engine adapter, retrying
+                on another worker before the first byte (`proxy.forwarding`)
+    relay       the answer goes to the front door's `Responder`: one JSON body, or a stream's chunks
+    afterwards  the lease is released with the engine's usage (the routing tree learns what was
+                cached); a complete answer is stored; spans end and counters move
+
+Authentication comes first and once, before the body is read, so a stranger's body is never read.
+Errors before the answer starts are raised (`ApiError`, `EngineError`), and each front door answers
+them through `proxy.errors.error_reply`; a stream that fails after its start ends with an error event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from adapters.base import Completion, EngineRequest
+from adapters.errors import EngineError
+from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation
+from proxy.auth import Tenant
+from proxy.cache.step import CachedCall
+from proxy.errors import ApiError, error_reply
+from proxy.forwarding import UpstreamStream
+from proxy.gateway import Gateway
+from proxy.responder import REQUEST_ID_HEADER, Headers, Responder
+
+logger = logging.getLogger("radixgate.pipeline")
+
+MAX_CLIENT_REQUEST_ID = 128
+"""Longest client-supplied request id that is kept; longer ones are replaced."""
+
+_decoders: dict[Operation, msgspec.json.Decoder[Any]] = {
+    "chat": msgspec.json.Decoder(ChatCompletionRequest),
+    "text_completion": msgspec.json.Decoder(CompletionRequest),
+}
+
+
+@dataclass(slots=True)
+class GenerationCall:
+    """One generation request as a front door hands it to the pipeline."""
+
+    operation: Operation
+    body: bytes
+    """The request body, a JSON object of the OpenAI API; it travels on to upstreams as is."""
+    tenant: Tenant
+    """From `Pipeline.authenticate`."""
+    client_request_id: bytes | None = None
+    """The caller's request id (`x-request-id`), kept when it is short printable ASCII."""
+    cache_control: bytes | None = None
+    """The caller's `Cache-Control` directives (`no-store`, `no-cache`)."""
+    cached: CachedCall | None = None
+    """The `/v1/cached/*` options, and where the cache step reports what it did; None elsewhere."""
+
+
+class Pipeline:
+    """The steps every front door runs, over one gateway's parts."""
+
+    __slots__ = ("_gateway",)
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def authenticate(self, authorization: bytes | None) -> Tenant:
+        """The caller's tenant from its `Authorization` value; 401 when keys are required and it has none."""
+        return self._gateway.auth.authenticate(authorization)
+
+    async def serve(self, call: GenerationCall, responder: Responder) -> None:
+        """Answer `call` through `responder`, or raise the error to answer before anything was sent."""
+        gateway = self._gateway
+        params = decode_request(call.operation, call.body)
+        self._admit(call.tenant, params)
+        tenant = call.tenant
+        request = EngineRequest(
+            call.operation,
+            params,
+            call.body,
+            request_id(call.client_request_id),
+            tenant.id,
+            tenant.cache_salt,
+        )
+        headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode())]
+
+        async def forward(sink: Responder) -> Completion | None:
+            if params.stream:
+                await relay(sink, await gateway.forwarder.open_stream(request), headers)
+                return None
+            completion = await gateway.forwarder.complete(request)
+            await sink.send_json(completion.body, headers)
+            return completion
+
+        gateway.active_requests += 1
+        try:
+            # The response cache answers a hit itself, or calls `forward` and stores a complete answer.
+            await gateway.cache.respond(request, call.cached, call.cache_control, headers, responder, forward)
+        finally:
+            gateway.active_requests -= 1
+
+    def _admit(self, tenant: Tenant, params: GenerationRequest) -> None:
+        """Refuse what this tenant may not ask for."""
+        if not self._gateway.router.has_model(params.model):
+            raise ApiError.model_not_found(params.model)
+
+
+async def relay(responder: Responder, stream: UpstreamStream, headers: Headers) -> None:
+    """Send a whole engine stream, then close it; a failure midway ends the stream with an error event."""
+    await responder.start_stream(headers, stream.first)
+    try:
+        async for chunk in stream:
+            await responder.send_chunk(chunk)
+    except Exception as exc:
+        await stream.close(exc)
+        if not isinstance(exc, EngineError):
+            logger.error("stream failed after its first chunk", exc_info=exc)
+        await responder.end_stream(error_reply(exc).detail)
+        return
+    except BaseException as exc:  # cancelled: the client went away
+        await stream.close(exc)
+        raise
+    await stream.close()
+    await responder.end_stream()
+
+
+def decode_request(operation: Operation, body: bytes) -> GenerationRequest:
+    """The fields radixgate reads; 400 with `param` naming the offending field."""
+    if not body:
+        raise ApiError(400, "The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        params: GenerationRequest = _decoders[operation].decode(body)
+    except msgspec.ValidationError as exc:
+        raise ApiError.invalid_body(exc) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError.invalid_json(str(exc)) from None
+    return params
+
+
+def request_id(client_value: bytes | None) -> str:
+    """The caller's id when it is short printable ASCII, else a fresh one."""
+    if client_value and len(client_value) <= MAX_CLIENT_REQUEST_ID and client_value.isascii():
+        text = client_value.decode()
+        if text.isprintable():
+            return text
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+
+
+_ID_PREFIX = os.urandom(8).hex()
+"""Random per process, so ids stay unique across restarts and replicas; a counter makes the rest."""
+_id_counter = itertools.count(1)
