@@ -8,8 +8,6 @@ pair per request, directly (no sockets), and reports microseconds of CPU per req
     sdk_traces  spans recorded by the SDK into a batch processor whose exporter drops them
     sdk_metrics the GenAI histograms recorded on an SDK meter
     sdk         both (what an OTLP setup of traces and metrics costs in-process)
-    lean_traces spans through `proxy.telemetry.spans.LeanTracer` into the same batch processor
-                (what `Telemetry.from_settings` builds when OTEL_* variables configure an exporter)
 
     python -m benchmarks.overhead.telemetry_cost --requests 20000
 """
@@ -109,9 +107,6 @@ def main() -> None:
         ),
         "sdk": Telemetry.from_settings(
             settings, service_version="bench", tracer_provider=tracer_provider, meter_provider=meter_provider
-        ),
-        "lean_traces": Telemetry.from_settings(
-            settings, service_version="bench", span_processor=BatchSpanProcessor(DroppingExporter())
         ),
     }
     results = {}
