@@ -2,8 +2,9 @@
 (`send_whole`, the request path's POSTs) and as a stream, give h11's verdict.
 
 A verdict is the status, the header fields and the body, or "error" when the bytes are not a valid
-HTTP/1.1 response (a whole answer keeps only its status and body, all the request path reads of it). Where llhttp (httptools, inside the transport) and h11 would part, the transport
-must not be the more lenient: `STRICTER_THAN_H11` lists the cases where it refuses what h11 reads.
+HTTP/1.1 response (a whole answer keeps only its status and body, all the request path reads of it).
+Where llhttp (httptools, inside the transport) and h11 would part, the transport must not be the more
+lenient: `STRICTER_THAN_H11` lists the cases where it refuses what h11 reads.
 """
 
 from __future__ import annotations
