@@ -17,6 +17,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
 from adapters.engine_metrics import FlushesCache
+from proxy.auth import Tenant
 from proxy.cache.layer import CacheLayer
 from proxy.cache.stats import CacheStatsResponse, build_stats
 from proxy.cache.warm import WarmRequest, WarmResult, warm
@@ -88,8 +89,7 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
 
     @post(CACHE_WARM_PATH, guards=guards, status_code=200, name="cache_warm")
     async def cache_warm(request: Request[Any, Any, Any], data: JSONBody[WarmRequest]) -> WarmResult:
-        header = request.headers.get("authorization")
-        tenant = gateway.auth.authenticate(header.encode() if header is not None else None)
+        tenant: Tenant = request.state.tenant  # set by the key guard
         return await warm(gateway, tenant, data)
 
     return [cache_stats, cache_clear, cache_warm]

@@ -101,8 +101,8 @@ class KvCacheConfig:
             ),
             l3=(
                 # Write-behind: a request never waits on a file write (see cachelayer/disk.py). No
-                # fsync: a synced batch cost ~0.2 ms of CPU per answer (benchmarks/RESULTS.md, "cache:
-                # response cache"); a power loss may lose the newest answers, never return a wrong one.
+                # fsync (it costs more CPU than the answer's own store): a power loss may lose the
+                # newest answers, never return a wrong one.
                 DiskTierConfig(
                     directory=directory,
                     capacity_bytes=self.persistent_bytes,

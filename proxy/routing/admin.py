@@ -105,11 +105,12 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
 
 def key_guard(authenticate: Callable[[bytes | None], object]) -> Guard:
     """A guard that lets through only requests the gateway's authenticator accepts (any valid key,
-    or everyone when no keys are configured)."""
+    or everyone when no keys are configured); the caller's tenant is left in `state.tenant`, so a
+    handler that needs it does not authenticate again."""
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         header = connection.headers.get("authorization")
-        authenticate(header.encode() if header is not None else None)
+        connection.state.tenant = authenticate(header.encode() if header is not None else None)
 
     return guard
 

@@ -131,9 +131,8 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     (SGLang's router does the same on request counts). Queued work alone cannot see an idle worker:
     when every request's decode weighs little, a 2k-token miss there always costs more than joining
     a busy worker's batch, and half the cluster can stay idle for good. 16: the guard is for (nearly)
-    idle workers; lower factors move generated-shared-prefix's groups off busy workers (hit rate of
-    prompt tokens at 2.0: 67%, at 4.0: 72-79%, at 16: 81%, the sticky oracle: 81%; benchmarks/RESULTS.md
-    "## routing")."""
+    idle workers; lower factors move a shared prefix's requests off busy workers and lose its cache
+    hits (`benchmarks/routing`)."""
     tree_ttl_s: float = DEFAULT_TREE_TTL_S
     """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
     expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS

@@ -158,8 +158,8 @@ class WorkerPool:
             raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
         tokens: array[int] = array("I")
         tokenizer_kind = "none"
-        # A model only one worker serves leaves nothing to choose: no tokens, no tree (profiling put
-        # tokenizing and tree upkeep at ~20% of the gateway's CPU per request in front of one engine).
+        # A model only one worker serves leaves nothing to choose: no tokens, no tree (tokenizing and
+        # tree upkeep are the largest part of a routed request's CPU).
         if self.policy.needs_tokens and len(serving) > 1:
             tokens, tokenizer_kind = await self.prompts.tokens(request, candidates)
         started = time.perf_counter()

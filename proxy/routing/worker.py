@@ -215,5 +215,5 @@ class Worker:
 
 
 NODE_OVERHEAD_BYTES = 400
-"""Bytes per tree node beyond its 4-byte token keys: ~380 measured with tracemalloc on CPython 3.11
-(a `RadixNode`, its children dict, its key bytes object and the parent's dict entry), rounded up."""
+"""Bytes per tree node beyond its 4-byte token keys: a `RadixNode`, its children dict, its key bytes
+object and the parent's dict entry on CPython 3.11 (tracemalloc), rounded up."""
