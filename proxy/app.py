@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 
 from proxy import __version__
-from proxy.auth import Authenticator
+from proxy.auth import Authenticator, admin_guard
 from proxy.cache.admin_routes import admin_handlers
 from proxy.cache.cached_routes import cached_handlers
 from proxy.cache.layer import CacheLayer
@@ -17,7 +17,7 @@ from proxy.forwarding import Forwarder, RetryPolicy
 from proxy.gateway import Gateway
 from proxy.pipeline import Pipeline
 from proxy.routes import route_handlers
-from proxy.routing.admin import admin_router, key_guard
+from proxy.routing.admin import admin_router, allowed_hosts
 from proxy.routing.from_settings import build_pool
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
@@ -55,7 +55,11 @@ def create_app(
             *cached_handlers(pipeline, max_body),
             *admin_handlers(gateway, cache),
             telemetry.metrics_handler,
-            admin_router(router, guards=[key_guard(gateway.auth.authenticate)]),
+            admin_router(
+                router,
+                guards=[admin_guard(gateway.auth)],
+                worker_hosts=allowed_hosts(router, settings.routing.allowed_worker_hosts),
+            ),
         ],
         middleware=[telemetry.middleware],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -1,17 +1,28 @@
-"""API keys to tenants, and each tenant's cache salt.
+"""API keys to tenants, each tenant's cache salt, and the two scopes: tenant and admin.
 
 Keys are configured as SHA-256 hex digests (`radixgate config hash-key KEY` prints one), so the
 configuration never holds a usable key. A presented key is hashed and compared against every
 configured digest with `hmac.compare_digest`, so the time taken does not depend on which digest,
 or how much of one, matched. The cache salt is HMAC-SHA256(secret, tenant id): the client never
 chooses it, and two tenants never share one.
+
+A key is a tenant key unless configured `admin = true`. The admin API (`/admin/*`) and the cache's
+`POST /v1/cache/clear|warm` need an admin key (`admin_guard`): a tenant key gets 403
+`permission_denied`, no key 401. With no keys configured at all, they answer loopback clients only,
+so a gateway bound to a public address without keys cannot be administered from outside.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from dataclasses import dataclass
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.types import Guard
 
 from proxy.errors import ApiError
 from proxy.settings import AuthSettings
@@ -25,6 +36,8 @@ class Tenant:
 
     id: str
     cache_salt: str
+    admin: bool = False
+    """The key that identified this caller may administer the gateway."""
 
 
 def hash_key(key: str) -> str:
@@ -43,9 +56,11 @@ class Authenticator:
     __slots__ = ("_anonymous", "_keys")
 
     def __init__(self, settings: AuthSettings) -> None:
-        tenants = {entry.tenant for entry in settings.api_keys}
-        by_id = {tenant: Tenant(tenant, cache_salt(settings.cache_salt_secret, tenant)) for tenant in tenants}
-        self._keys = [(bytes.fromhex(entry.sha256), by_id[entry.tenant]) for entry in settings.api_keys]
+        secret = settings.cache_salt_secret
+        self._keys = [
+            (bytes.fromhex(entry.sha256), Tenant(entry.tenant, cache_salt(secret, entry.tenant), entry.admin))
+            for entry in settings.api_keys
+        ]
         anonymous = settings.anonymous_tenant
         self._anonymous = Tenant(anonymous, cache_salt(settings.cache_salt_secret, anonymous))
 
@@ -69,6 +84,57 @@ class Authenticator:
         if found is None:
             raise _unauthorized("Incorrect API key provided.")
         return found
+
+    def authorize_admin(self, authorization: bytes | None, client_host: str | None) -> Tenant:
+        """The caller, when it may administer the gateway: an admin key, or, with no keys configured,
+        a loopback client. 401 without a valid key, 403 `permission_denied` otherwise."""
+        if not self._keys:
+            if client_host is not None and is_loopback(client_host):
+                return self._anonymous
+            raise _forbidden("The admin API answers only loopback clients while no API keys are configured.")
+        tenant = self.authenticate(authorization)
+        if not tenant.admin:
+            raise _forbidden("This API key may not administer the gateway; use a key with `admin = true`.")
+        return tenant
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tenant_guard(auth: Authenticator) -> Guard:
+    """A Litestar guard: any valid key (everyone when none are configured); the caller's tenant is
+    left in `state.tenant`, so a handler that needs it does not authenticate again."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        connection.state.tenant = auth.authenticate(_authorization(connection))
+
+    return guard
+
+
+def admin_guard(auth: Authenticator) -> Guard:
+    """A Litestar guard: the admin scope (`Authenticator.authorize_admin`); the caller in `state.tenant`."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        client = connection.client.host if connection.client is not None else None
+        connection.state.tenant = auth.authorize_admin(_authorization(connection), client)
+
+    return guard
+
+
+def _authorization(connection: ASGIConnection[Any, Any, Any, Any]) -> bytes | None:
+    header = connection.headers.get("authorization")
+    return header.encode("latin-1") if header is not None else None
+
+
+def _forbidden(message: str) -> ApiError:
+    return ApiError(403, message, error_type="permission_error", code="permission_denied")
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy import __version__
-from proxy.auth import hash_key
+from proxy.auth import hash_key, is_loopback
 from proxy.config import SettingsError, load_settings, masked
 from proxy.routing.config import POLICY_NAMES, parse_worker_arg
 from proxy.settings import Settings
@@ -179,6 +179,7 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     import uvicorn
 
+    _warn_if_open(settings)
     level = settings.server.log_level
     config = uvicorn.Config(
         create_app(settings),
@@ -196,6 +197,17 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else EXIT_STARTUP_FAILED
+
+
+def _warn_if_open(settings: Settings) -> None:
+    """A loud warning when the gateway listens beyond loopback with no API keys (docs/configuration.md)."""
+    if not settings.auth.api_keys and not is_loopback(settings.server.host):
+        logging.getLogger("radixgate").warning(
+            "radixgate listens on %s with NO API KEYS: anyone who can reach this port can use every "
+            "model. The admin API answers loopback clients only. Configure [[auth.api_keys]] "
+            "(`radixgate config hash-key KEY`) before exposing it.",
+            settings.server.host,
+        )
 
 
 def _show(args: argparse.Namespace) -> int:

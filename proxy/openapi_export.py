@@ -32,6 +32,7 @@ _REF = "#/components/schemas/{name}"
 _ERRORS = {
     "400": "Malformed JSON or an invalid field (`param` names it)",
     "401": "Missing or wrong API key (when keys are configured)",
+    "403": "Not in the admin scope (a tenant key; off loopback without keys), or a worker host not allowed",
     "404": "Unknown model (`model_not_found`)",
     "405": "Wrong method",
     "409": "A worker with that id is already in the pool",
@@ -119,12 +120,14 @@ def build_openapi() -> dict[str, Any]:
                     "clearCache",
                     "Empty the response cache, routing trees and engine caches",
                     "ClearResult",
-                    ("401",),
+                    ("401", "403"),
                 )
             },
             CACHE_WARM_PATH: {
                 "post": {
-                    **_get("warmCache", "Run requests to fill the caches", "WarmResult", ("400", "401")),
+                    **_get(
+                        "warmCache", "Run requests to fill the caches", "WarmResult", ("400", "401", "403")
+                    ),
                     "requestBody": {
                         "required": True,
                         "content": {"application/json": {"schema": _ref("WarmRequest")}},
@@ -150,14 +153,17 @@ def build_openapi() -> dict[str, Any]:
             },
             ADMIN_WORKERS_PATH: {
                 "get": _get(
-                    "listWorkers", "Every worker: health, circuit, load, routing tree", "WorkerList", ("401",)
+                    "listWorkers",
+                    "Every worker: health, circuit, load, routing tree",
+                    "WorkerList",
+                    ("401", "403"),
                 ),
                 "post": {
                     **_get(
                         "addWorker",
                         "Add a worker while the gateway runs",
                         "WorkerStatus",
-                        ("400", "401", "409"),
+                        ("400", "401", "403", "409"),
                     ),
                     "requestBody": {
                         "required": True,
@@ -171,7 +177,7 @@ def build_openapi() -> dict[str, Any]:
                         "removeWorker",
                         "Stop routing to a worker (202 while it drains)",
                         "RemovedWorker",
-                        ("401", "404"),
+                        ("401", "403", "404"),
                     ),
                     "parameters": [
                         {"name": "worker_id", "in": "path", "required": True, "schema": {"type": "string"}}

@@ -62,13 +62,16 @@ class ApiKeySettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     """Tenant id the key belongs to; it salts that tenant's cache keys."""
     sha256: Sha256Hex
     """Hex SHA-256 of the key."""
+    admin: bool = False
+    """True: the key may also administer the gateway (`/admin/*`, `POST /v1/cache/clear|warm`)."""
 
 
 class AuthSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Who may call the gateway. No keys means every caller is one anonymous tenant."""
 
     api_keys: list[ApiKeySettings] = msgspec.field(default_factory=list)
-    """Accepted keys; when any is set, requests without a valid `Authorization: Bearer` get 401."""
+    """Accepted keys; when any is set, requests without a valid `Authorization: Bearer` get 401.
+    With none, every caller is the anonymous tenant and the admin API answers loopback clients only."""
     cache_salt_secret: str = ""
     """HMAC secret that turns a tenant id into its cache salt; set it to make salts unguessable."""
     anonymous_tenant: str = DEFAULT_ANONYMOUS_TENANT

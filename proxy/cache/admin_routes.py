@@ -1,9 +1,10 @@
 """Cache management: `GET /v1/cache/stats`, `POST /v1/cache/clear`, `POST /v1/cache/warm`.
 
-All three accept any valid API key (everyone when no keys are configured), like the worker admin API.
-`clear` empties every tier of the response cache (every tenant's entries), every routing tree, and
-the prefix cache of every engine whose adapter can flush it (SGLang `/flush_cache`, vLLM
-`/reset_prefix_cache`); engines that cannot are listed with `flushed: null`.
+`stats` takes any valid API key (everyone when no keys are configured); `clear` and `warm` are in the
+admin scope (`proxy.auth.admin_guard`), like the worker admin API. `warm` fills the cache for the
+admin key's own tenant. `clear` empties every tier of the response cache (every tenant's entries),
+every routing tree, and the prefix cache of every engine whose adapter can flush it (SGLang
+`/flush_cache`, vLLM `/reset_prefix_cache`); engines that cannot are listed with `flushed: null`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
 from adapters.engine_metrics import FlushesCache
-from proxy.auth import Tenant
+from proxy.auth import Tenant, admin_guard, tenant_guard
 from proxy.cache.layer import CacheLayer
 from proxy.cache.stats import CacheStatsResponse, build_stats
 from proxy.cache.warm import WarmRequest, WarmResult, warm
 from proxy.gateway import Gateway
-from proxy.routing.admin import key_guard
 
 CACHE_STATS_PATH = "/v1/cache/stats"
 CACHE_CLEAR_PATH = "/v1/cache/clear"
@@ -54,9 +54,10 @@ class ClearResult(msgspec.Struct, kw_only=True):
 
 def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler]:
     """The three cache management routes over `layer`."""
-    guards = [key_guard(gateway.auth.authenticate)]
+    tenants = [tenant_guard(gateway.auth)]
+    admins = [admin_guard(gateway.auth)]
 
-    @get(CACHE_STATS_PATH, guards=guards, name="cache_stats")
+    @get(CACHE_STATS_PATH, guards=tenants, name="cache_stats")
     async def cache_stats() -> CacheStatsResponse:
         return build_stats(
             layer.config,
@@ -69,7 +70,7 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
             shared=layer.settings.share_across_tenants,
         )
 
-    @post(CACHE_CLEAR_PATH, guards=guards, status_code=200, name="cache_clear")
+    @post(CACHE_CLEAR_PATH, guards=admins, status_code=200, name="cache_clear")
     async def cache_clear() -> ClearResult:
         removed: list[TierEntries] = []
         snapshot = await layer.store_stats_async()
@@ -87,9 +88,9 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
         ]
         return ClearResult(response_cache=removed, routing_trees_cleared=len(workers), engines=engines)
 
-    @post(CACHE_WARM_PATH, guards=guards, status_code=200, name="cache_warm")
+    @post(CACHE_WARM_PATH, guards=admins, status_code=200, name="cache_warm")
     async def cache_warm(request: Request[Any, Any, Any], data: JSONBody[WarmRequest]) -> WarmResult:
-        tenant: Tenant = request.state.tenant  # set by the key guard
+        tenant: Tenant = request.state.tenant  # set by the admin guard
         return await warm(gateway, tenant, data)
 
     return [cache_stats, cache_clear, cache_warm]

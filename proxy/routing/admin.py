@@ -4,18 +4,16 @@
     POST   /admin/workers          add one (a `WorkerSpec` body); 201, or 409 if the id is taken
     DELETE /admin/workers/{id}     stop routing to it; 200 when removed at once, 202 while draining
 
-The app mounts `admin_router(pool)`; guards (e.g. an admin-key check) come from the app.
+The app mounts `admin_router(pool)` behind the admin scope (`proxy.auth.admin_guard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import msgspec
 from litestar import Response, Router, delete, get, post
-from litestar.connection import ASGIConnection
-from litestar.handlers.base import BaseRouteHandler
 from litestar.params import FromPath, JSONBody
 from litestar.types import Guard
 
@@ -103,20 +101,23 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
     )
 
 
-def key_guard(authenticate: Callable[[bytes | None], object]) -> Guard:
-    """A guard that lets through only requests the gateway's authenticator accepts (any valid key,
-    or everyone when no keys are configured); the caller's tenant is left in `state.tenant`, so a
-    handler that needs it does not authenticate again."""
-
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        header = connection.headers.get("authorization")
-        connection.state.tenant = authenticate(header.encode() if header is not None else None)
-
-    return guard
+def allowed_hosts(pool: WorkerPool, configured: Sequence[str] | None) -> frozenset[str]:
+    """`routing.allowed_worker_hosts`, or by default the hosts of the pool's workers and loopback."""
+    if configured is not None:
+        return frozenset(host.lower() for host in configured)
+    hosts = {urlsplit(worker.spec.url).hostname or "" for worker in pool.workers()}
+    return frozenset({*(host.lower() for host in hosts if host), *LOOPBACK_HOSTS})
 
 
-def admin_router(pool: WorkerPool, *, guards: Sequence[Guard] = ()) -> Router:
-    """A Litestar router serving the worker admin API over `pool`."""
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def admin_router(
+    pool: WorkerPool, *, guards: Sequence[Guard] = (), worker_hosts: frozenset[str] | None = None
+) -> Router:
+    """A Litestar router serving the worker admin API over `pool`; a worker added at run time must
+    point at one of `worker_hosts` (default: `allowed_hosts(pool, None)` as the pool is now)."""
+    permitted = worker_hosts if worker_hosts is not None else allowed_hosts(pool, None)
 
     @get("/workers", sync_to_thread=False)
     def list_workers() -> WorkerList:
@@ -124,6 +125,15 @@ def admin_router(pool: WorkerPool, *, guards: Sequence[Guard] = ()) -> Router:
 
     @post("/workers", status_code=201)
     async def add_worker(data: JSONBody[WorkerSpec]) -> WorkerStatus:
+        host = (urlsplit(data.url).hostname or "").lower()
+        if data.kind != "local" and host not in permitted:
+            raise ApiError(
+                403,
+                f"Workers may point only at {', '.join(sorted(permitted))} (`routing.allowed_worker_hosts`).",
+                error_type="permission_error",
+                param="url",
+                code="worker_host_not_allowed",
+            )
         try:
             worker = await pool.add_worker(data)
         except ValueError as exc:

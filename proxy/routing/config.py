@@ -177,6 +177,9 @@ class RoutingSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     """Consecutive good health checks that bring it back."""
     drain_timeout_s: Seconds = DEFAULT_DRAIN_TIMEOUT_S
     """Seconds a removed worker may finish its in-flight requests before it is closed anyway."""
+    allowed_worker_hosts: list[str] | None = None
+    """Hosts a worker added at run time (`POST /admin/workers`) may point at; None: the configured
+    workers' hosts and loopback. So the admin API cannot send prompts anywhere else."""
     local_workers: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Embedded-engine worker processes to start on loopback ports and route over (`--workers N`)."""
     launch_sglang: SGLangLaunchSettings | None = None

@@ -18,11 +18,15 @@ from tests.gateway_server import GatewayServer
 from tests.upstream_server import Fault, UpstreamServer
 
 KEYS = {"acme": "sk-acme", "globex": "sk-globex"}
+ADMIN_KEY = "sk-ops"
 MESSAGES: Any = [{"role": "user", "content": "Say hello."}]
 
 
 def _auth() -> AuthSettings:
-    return AuthSettings(api_keys=[ApiKeySettings(tenant=t, sha256=hash_key(k)) for t, k in KEYS.items()])
+    keys = [ApiKeySettings(tenant=t, sha256=hash_key(k)) for t, k in KEYS.items()]
+    return AuthSettings(
+        api_keys=[*keys, ApiKeySettings(tenant="ops", sha256=hash_key(ADMIN_KEY), admin=True)]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,8 @@ def cache_gateway(upstream_server: UpstreamServer) -> Iterator[GatewayServer]:
 @pytest.fixture
 def gateway(cache_gateway: GatewayServer, upstream: UpstreamServer) -> GatewayServer:
     """The module's gateway with an empty response cache."""
-    httpx.post(f"{cache_gateway.url}/cache/clear", headers={"authorization": f"Bearer {KEYS['acme']}"})
+    cleared = httpx.post(f"{cache_gateway.url}/cache/clear", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert cleared.status_code == 200
     upstream.requests.clear()
     return cache_gateway
 
