@@ -2,7 +2,8 @@
 
 vLLM and SGLang accept `cache_salt` on their OpenAI endpoints (SGLang's native `/generate` calls it
 `extra_key`): requests with different salts never share prefix-cache blocks. The salt is set by the
-gateway from the tenant; a client's own value is replaced, never trusted.
+gateway from the tenant; a client's own value is dropped by the proxy as soon as the body is decoded
+(`without_client_salt`), whichever engine serves the request, and never trusted.
 """
 
 from __future__ import annotations
@@ -12,13 +13,24 @@ from typing import Any
 import msgspec
 
 _decoder = msgspec.json.Decoder(dict[str, Any])
+SALT_FIELDS = ("cache_salt", "extra_key")
+"""The request fields that name a cache salt on vLLM's and SGLang's endpoints."""
+
+
+def without_client_salt(raw_body: bytes) -> bytes:
+    """`raw_body` (a JSON object) re-encoded without any salt field the client sent."""
+    body = _decoder.decode(raw_body)
+    for name in SALT_FIELDS:
+        body.pop(name, None)
+    return msgspec.json.encode(body)
 
 
 def with_cache_salt(raw_body: bytes, salt: str, field: str = "cache_salt") -> bytes:
     """`raw_body` (a JSON object) with `field` set to `salt`; unchanged when `salt` is empty.
 
-    The common case splices the field in after the opening brace without re-encoding the body;
-    a body that already names the field is decoded and rewritten so the client's value is dropped.
+    `raw_body` holds no client salt (`without_client_salt` ran at decode), so the field is spliced in
+    after the opening brace without re-encoding the body; a body that names the field anyway (a
+    caller other than the proxy) is decoded and rewritten, so the gateway's value is the only one.
     """
     if not salt:
         return raw_body

@@ -50,6 +50,16 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    # Cache salts are the gateway's to set. Decoding them here catches a client's value however its
+    # key is spelled in JSON (`"cache\\u005fsalt"`), so the proxy can drop it (`has_client_salt`).
+    cache_salt: Any = msgspec.UNSET
+    extra_key: Any = msgspec.UNSET
+    """SGLang's name for the salt (native `/generate`)."""
+
+    @property
+    def has_client_salt(self) -> bool:
+        """True when the client sent a salt field of its own (to be dropped, never forwarded)."""
+        return self.cache_salt is not msgspec.UNSET or self.extra_key is not msgspec.UNSET
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):

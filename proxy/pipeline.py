@@ -5,7 +5,8 @@
 
 The steps of `serve`, in order:
 
-    decode      the body into the fields radixgate reads (msgspec); 400 naming the `param`
+    decode      the body into the fields radixgate reads (msgspec); 400 naming the `param`; a cache
+                salt the client sent is dropped from the body (the tenant's is the gateway's to set)
     admit       the tenant may use the model: it is served (404 `model_not_found`)
     cache       the exact-match response cache replays a hit, or records the miss (`proxy.cache.step`)
     lease       the forwarder leases a worker from the router and calls its engine adapter, retrying
@@ -30,6 +31,7 @@ from typing import Any
 import msgspec
 
 from adapters.base import Completion, EngineRequest
+from adapters.cache_salt import without_client_salt
 from adapters.errors import EngineError
 from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation
 from proxy.auth import Tenant
@@ -82,13 +84,13 @@ class Pipeline:
     async def serve(self, call: GenerationCall, responder: Responder) -> None:
         """Answer `call` through `responder`, or raise the error to answer before anything was sent."""
         gateway = self._gateway
-        params = decode_request(call.operation, call.body)
+        params, body = decode_body(call.operation, call.body)
         self._admit(call.tenant, params)
         tenant = call.tenant
         request = EngineRequest(
             call.operation,
             params,
-            call.body,
+            body,
             request_id(call.client_request_id),
             tenant.id,
             tenant.cache_salt,
@@ -133,6 +135,16 @@ async def relay(responder: Responder, stream: UpstreamStream, headers: Headers) 
         raise
     await stream.close()
     await responder.end_stream()
+
+
+def decode_body(operation: Operation, body: bytes) -> tuple[GenerationRequest, bytes]:
+    """The decoded fields, and the body to forward: without any cache salt the client sent (the
+    tenant's salt is the gateway's to set, on every engine)."""
+    params = decode_request(operation, body)
+    if params.has_client_salt:
+        body = without_client_salt(body)
+        params.cache_salt = params.extra_key = msgspec.UNSET
+    return params, body
 
 
 def decode_request(operation: Operation, body: bytes) -> GenerationRequest:

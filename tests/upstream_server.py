@@ -147,6 +147,9 @@ class UpstreamServer:
             }
             await _send_json(conn, writer, 200, listing)
             return True
+        if request.method == "GET" and request.path.startswith("/health"):  # SGLang's and vLLM's probes
+            await _send_json(conn, writer, 200, {"status": "ok"})
+            return True
         fault = self.faults.popleft() if self.faults else Fault()
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)

@@ -31,7 +31,7 @@ from proxy.auth import Tenant
 from proxy.cache.answers import complete_answer
 from proxy.errors import ApiError, ErrorDetail, engine_error_detail
 from proxy.gateway import Gateway
-from proxy.pipeline import decode_request
+from proxy.pipeline import decode_body
 
 MAX_WARM_ITEMS = 256
 """Requests plus prompts accepted in one call."""
@@ -103,7 +103,7 @@ async def _warm_one(
     operation: Operation = "chat" if "messages" in fields else "text_completion"
     raw = msgspec.json.encode(fields)
     try:
-        params = decode_request(operation, raw)
+        params, raw = decode_body(operation, raw)
         if not gateway.router.has_model(params.model):
             raise ApiError.model_not_found(params.model)
     except ApiError as exc:

@@ -83,25 +83,33 @@ class HealthMonitor:
         self._streaks.pop(worker_id, None)
 
     async def _probe(self, worker: Worker) -> bool:
+        """The health check's verdict; the engine's load figures are read after a good check, and a
+        failure to read them (a proxy in front, metrics disabled) never marks the worker down."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 ok = await worker.engine.check_health()
-                if ok and isinstance(worker.engine, ReportsLoad):
-                    load = await worker.engine.load()
-                    worker.engine_load = {
-                        key: value
-                        for key, value in (
-                            ("running", load.running),
-                            ("waiting", load.waiting),
-                            ("kv_usage", load.kv_usage),
-                            ("cache_hit_rate", load.cache_hit_rate),
-                        )
-                        if value is not None
-                    }
-                return ok
         except Exception as exc:  # any failure of a probe only means "not healthy now"
             logger.debug("health check of %s failed: %r", worker.id, exc)
             return False
+        if ok and isinstance(worker.engine, ReportsLoad):
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    load = await worker.engine.load()
+            except Exception as exc:  # load is optional input to routing, not a health verdict
+                logger.debug("load of %s unknown: %r", worker.id, exc)
+                worker.engine_load = {}
+                return ok
+            worker.engine_load = {
+                key: value
+                for key, value in (
+                    ("running", load.running),
+                    ("waiting", load.waiting),
+                    ("kv_usage", load.kv_usage),
+                    ("cache_hit_rate", load.cache_hit_rate),
+                )
+                if value is not None
+            }
+        return ok
 
     async def _came_up(self, worker: Worker) -> None:
         was_down = worker.health == "down"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.errors import EngineOverloaded
-from proxy.routing.config import WorkerSpec
+from adapters.engine_metrics import EngineLoad
+from adapters.errors import EngineError, EngineOverloaded
+from proxy.routing.config import RoutingSettings, WorkerSpec
+from proxy.routing.pool import WorkerPool
 from tests.proxy.routing.conftest import FakeEngine, chat_request, completion_request, make_pool
 
 
@@ -75,6 +77,25 @@ async def test_readiness_needs_a_healthy_worker_per_model() -> None:
     assert pool.readiness() == {"m": False}
     with pytest.raises(EngineOverloaded):
         await pool.acquire(completion_request("x"))
+
+
+class MetricsBehindAProxy(FakeEngine):
+    """Health answers 200, but the load metrics cannot be read (a proxy in front, metrics off)."""
+
+    async def load(self) -> EngineLoad:
+        raise EngineError("GET /metrics: 404")
+
+
+async def test_unreadable_load_metrics_never_mark_a_healthy_worker_down() -> None:
+    specs = [WorkerSpec(url="http://127.0.0.1:9100", id="w0", models=["m"])]
+    pool = WorkerPool(
+        ["m"], specs, RoutingSettings(health_failure_threshold=1), engine_factory=MetricsBehindAProxy
+    )
+    for _ in range(3):
+        await pool.health.check_all()
+    assert pool.component_states() == {"w0": "operational"} and pool.readiness() == {"m": True}
+    assert next(iter(pool.workers())).engine_load == {}
+    await pool.aclose()
 
 
 async def test_the_engine_reported_capacity_sizes_the_tree() -> None:
