@@ -7,12 +7,21 @@ the few response fields the gateway needs (ids, finish reasons, usage) from any 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 Operation = Literal["chat", "text_completion"]
 """`gen_ai.operation.name` of the two generation endpoints."""
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+"""The chat roles of the OpenAI API; any other is a 400 naming `messages[i].role`."""
+
+MAX_CHOICES = 128
+"""Largest `n` accepted (OpenAI's own bound)."""
+MAX_MESSAGES = 4096
+"""Most messages one chat request may carry."""
+MAX_TOP_LOGPROBS = 20
+TokenCount = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -22,7 +31,7 @@ class StreamOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One chat message. `content` is a string or a list of content parts."""
 
-    role: str
+    role: Role
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -35,8 +44,8 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    max_tokens: int | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] = 1
+    max_tokens: TokenCount | None = None
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
@@ -63,10 +72,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -81,7 +90,7 @@ class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
     prompt: str | list[str | int | list[int]]
     """A string, a list of strings, a list of token ids, or a list of token-id lists. (msgspec
     allows one array type per union, so the list's item type is the union.)"""
-    logprobs: int | None = None
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
 

@@ -129,8 +129,10 @@ def admin_guard(auth: Authenticator) -> Guard:
 
 
 def _authorization(connection: ASGIConnection[Any, Any, Any, Any]) -> bytes | None:
-    header = connection.headers.get("authorization")
-    return header.encode("latin-1") if header is not None else None
+    values = connection.headers.getall("authorization", [])
+    if len(values) > 1:
+        raise ApiError.duplicate_header("Authorization")
+    return values[0].encode("latin-1") if values else None
 
 
 def _forbidden(message: str) -> ApiError:

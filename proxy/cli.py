@@ -193,6 +193,7 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
         # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib loop.
         loop="uvloop",
         http="httptools",
+        ws="none",  # no WebSocket routes: an Upgrade request is served as plain HTTP, never left hanging
     )
     server = uvicorn.Server(config)
     server.run()

@@ -81,6 +81,11 @@ class ApiError(Exception):
         return cls(400, f"Invalid request: {message}", param=param, code="invalid_value")
 
     @classmethod
+    def duplicate_header(cls, name: str) -> ApiError:
+        """Two values of a header that must have one: which one counts would be a guess."""
+        return cls(400, f"The {name} header appears more than once; send it once.", code="invalid_header")
+
+    @classmethod
     def method_not_allowed(cls, method: str, path: str, allowed: str) -> ApiError:
         return cls(
             405,

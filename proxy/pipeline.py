@@ -7,7 +7,8 @@ The steps of `serve`, in order:
 
     decode      the body into the fields radixgate reads (msgspec); 400 naming the `param`; a cache
                 salt the client sent is dropped from the body (the tenant's is the gateway's to set)
-    admit       the tenant may use the model: it is served (404 `model_not_found`)
+    admit       the tenant may use the model: it is served (404 `model_not_found`); the token cap
+                (`[limits]`): a request without one gets the default, one above the bound a 400
     cache       the exact-match response cache replays a hit, or records the miss (`proxy.cache.step`)
     lease       the forwarder leases a worker from the router and calls its engine adapter, retrying
                 on another worker before the first byte (`proxy.forwarding`)
@@ -33,6 +34,7 @@ import msgspec
 from adapters.base import Completion, EngineRequest
 from adapters.cache_salt import without_client_salt
 from adapters.errors import EngineError
+from adapters.json_body import with_field
 from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation
 from proxy.auth import Tenant
 from proxy.cache.step import CachedCall
@@ -85,7 +87,7 @@ class Pipeline:
         """Answer `call` through `responder`, or raise the error to answer before anything was sent."""
         gateway = self._gateway
         params, body = decode_body(call.operation, call.body)
-        self._admit(call.tenant, params)
+        body = admit(gateway, call.tenant, params, body)
         tenant = call.tenant
         request = EngineRequest(
             call.operation,
@@ -112,10 +114,28 @@ class Pipeline:
         finally:
             gateway.active_requests -= 1
 
-    def _admit(self, tenant: Tenant, params: GenerationRequest) -> None:
-        """Refuse what this tenant may not ask for."""
-        if not self._gateway.router.has_model(params.model):
-            raise ApiError.model_not_found(params.model)
+
+def admit(gateway: Gateway, tenant: Tenant, params: GenerationRequest, body: bytes) -> bytes:
+    """Refuse what this tenant may not ask for; the body to forward, with the default token cap set
+    on a request that names none (`limits.default_max_tokens`)."""
+    if not gateway.router.has_model(params.model):
+        raise ApiError.model_not_found(params.model)
+    limits = gateway.settings.limits
+    asked = params.token_limit
+    if asked is None:
+        if not limits.default_max_tokens:
+            return body
+        params.max_tokens = limits.default_max_tokens
+        return with_field(body, "max_tokens", limits.default_max_tokens)
+    if limits.max_tokens is not None and asked > limits.max_tokens:
+        field = "max_completion_tokens" if getattr(params, "max_completion_tokens", None) else "max_tokens"
+        raise ApiError(
+            400,
+            f"Invalid request: {field} is {asked}, above this gateway's limit of {limits.max_tokens}.",
+            param=field,
+            code="invalid_value",
+        )
+    return body
 
 
 async def relay(responder: Responder, stream: UpstreamStream, headers: Headers) -> None:
@@ -157,6 +177,8 @@ def decode_request(operation: Operation, body: bytes) -> GenerationRequest:
         raise ApiError.invalid_body(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError.invalid_json(str(exc)) from None
+    except RecursionError:
+        raise ApiError.invalid_json("it is nested too deeply") from None
     return params
 
 

@@ -55,6 +55,22 @@ class ServerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     """On shutdown, seconds in-flight requests get to finish."""
 
 
+DEFAULT_MAX_TOKENS_CAP = 4096
+"""Completion tokens a request that sets no limit of its own may generate (an unbounded request kept
+the embedded engine busy for over ten minutes)."""
+
+
+class LimitsSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Bounds on what one request may ask for (the API's own bounds on `n`, messages and roles are
+    always checked)."""
+
+    default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_MAX_TOKENS_CAP
+    """`max_tokens` given to a request that sets neither it nor `max_completion_tokens`; 0: none, the
+    engine's own default applies (for most, the rest of the context)."""
+    max_tokens: PositiveInt | None = None
+    """Largest `max_tokens` (or `max_completion_tokens`) accepted; above it a 400 names the field."""
+
+
 class ApiKeySettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One accepted API key, stored as its SHA-256 (`radixgate config hash-key KEY`)."""
 
@@ -88,6 +104,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     upstream_client: UpstreamClientConfig = msgspec.field(default_factory=UpstreamClientConfig)
     """Connection pool and timeouts toward the workers."""
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
+    """Bounds on one request."""
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
     local_engine: LocalEngineConfig = msgspec.field(default_factory=LocalEngineConfig)
     """The embedded engine, used when no `workers` are configured."""

@@ -28,6 +28,7 @@ class GatewayServer:
             timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn reads it as seconds
             loop="uvloop",  # as `radixgate serve` runs it
             http="httptools",
+            ws="none",  # no WebSocket routes: an Upgrade request is served as plain HTTP, never left hanging
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

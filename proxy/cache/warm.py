@@ -31,7 +31,7 @@ from proxy.auth import Tenant
 from proxy.cache.answers import complete_answer
 from proxy.errors import ApiError, ErrorDetail, engine_error_detail
 from proxy.gateway import Gateway
-from proxy.pipeline import decode_body
+from proxy.pipeline import admit, decode_body
 
 MAX_WARM_ITEMS = 256
 """Requests plus prompts accepted in one call."""
@@ -104,8 +104,7 @@ async def _warm_one(
     raw = msgspec.json.encode(fields)
     try:
         params, raw = decode_body(operation, raw)
-        if not gateway.router.has_model(params.model):
-            raise ApiError.model_not_found(params.model)
+        raw = admit(gateway, tenant, params, raw)
     except ApiError as exc:
         return WarmItem(index=index, kind=kind, status="error", error=exc.detail)
     request = EngineRequest(operation, params, raw, uuid.uuid4().hex, tenant.id, tenant.cache_salt)

@@ -72,6 +72,8 @@ async def read_request(pipeline: Pipeline, scope: Scope, receive: Receive, limit
     cache_control: list[bytes] = []
     for name, value in scope["headers"]:
         if name == b"authorization":
+            if authorization is not None:
+                raise ApiError.duplicate_header("Authorization")
             authorization = value
         elif name == b"content-length":
             content_length = value

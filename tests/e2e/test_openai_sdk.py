@@ -120,7 +120,11 @@ def test_stream_unknown_fields_pass_through(gateway: GatewayServer, upstream: Up
     sent: list[bytes] = []
     with _recording_sdk(gateway, sent) as sdk:
         stream = sdk.completions.create(
-            model=MODEL, prompt=[1, 2, 3], stream=True, extra_body={"min_tokens": 3, "ignore_eos": True}
+            model=MODEL,
+            prompt=[1, 2, 3],
+            max_tokens=16,  # without one, the gateway writes its default cap in (test_request_bounds)
+            stream=True,
+            extra_body={"min_tokens": 3, "ignore_eos": True},
         )
         assert "".join(chunk.choices[0].text for chunk in stream) == ANSWER
     assert upstream.generation_requests()[0].body == sent[0]
