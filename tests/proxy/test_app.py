@@ -38,7 +38,9 @@ def test_the_tenant_and_its_salt_travel_with_the_request(client: TestClient) -> 
     assert response.status_code == 200 and response.content == BODY
     [request] = ENGINE.calls
     assert request.tenant_id == "acme" and len(request.cache_salt) == 64
-    assert request.raw_body == b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"x":1}'
+    assert (
+        request.raw_body == b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"x":1}'
+    )
 
 
 @pytest.mark.parametrize("header", [None, "Bearer sk-wrong"])
