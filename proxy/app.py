@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from litestar import Litestar
 
@@ -15,6 +17,7 @@ from proxy.cache.layer import CacheLayer
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.forwarding import Forwarder, RetryPolicy
 from proxy.gateway import Gateway
+from proxy.ledger import UsageLedger
 from proxy.pipeline import Pipeline
 from proxy.routes import route_handlers
 from proxy.routing.admin import admin_router, allowed_hosts
@@ -22,6 +25,7 @@ from proxy.routing.from_settings import build_pool
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
+from proxy.tenancy import TenantLimiter
 
 
 def create_app(
@@ -34,8 +38,17 @@ def create_app(
     router = router or build_pool(settings, telemetry)
     forwarder = Forwarder(router, telemetry, RetryPolicy.from_settings(settings.routing))
     cache = CacheLayer.from_settings(settings, telemetry.prometheus, router)
+    ledger = UsageLedger(ledger_path(settings))
     gateway = Gateway(
-        settings, router, forwarder, Authenticator(settings.auth), telemetry, __version__, cache=cache.step
+        settings,
+        router,
+        forwarder,
+        Authenticator(settings.auth),
+        telemetry,
+        __version__,
+        cache=cache.step,
+        limiter=TenantLimiter(dict(settings.auth.tenants), ledger),
+        ledger=ledger,
     )
     pipeline = Pipeline(gateway)
     max_body = settings.server.max_body_bytes
@@ -47,6 +60,7 @@ def create_app(
             yield
         finally:
             await router.aclose()
+            await asyncio.to_thread(ledger.close)
             await telemetry.shutdown()
 
     app = Litestar(
@@ -70,3 +84,13 @@ def create_app(
     )
     app.state.gateway = gateway
     return app
+
+
+LEDGER_FILE = "usage.sqlite3"
+
+
+def ledger_path(settings: Settings) -> Path | None:
+    """`auth.ledger_path`, else `usage.sqlite3` in `cache.dir`, else None (in memory)."""
+    if settings.auth.ledger_path is not None:
+        return Path(settings.auth.ledger_path)
+    return Path(settings.cache.dir) / LEDGER_FILE if settings.cache.dir is not None else None

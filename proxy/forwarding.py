@@ -67,6 +67,11 @@ class UpstreamStream:
         self._ended = False
         self._observe(first)
 
+    @property
+    def usage(self) -> Usage | None:
+        """The usage the stream reported so far (its last chunk, with `include_usage`)."""
+        return self._usage
+
     def __aiter__(self) -> UpstreamStream:
         return self
 

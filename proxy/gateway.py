@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from proxy.auth import Authenticator
 from proxy.cache.step import ResponseCacheStep
 from proxy.forwarding import Forwarder
+from proxy.ledger import UsageLedger
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
+from proxy.tenancy import TenantLimiter
 
 
 @dataclass(slots=True)
@@ -28,3 +30,7 @@ class Gateway:
     """Generation requests being served right now (`GET /health`)."""
     cache: ResponseCacheStep = field(default_factory=lambda: ResponseCacheStep(None))
     """The response-cache step of the request path (`proxy.cache`); the default caches nothing."""
+    limiter: TenantLimiter = field(default_factory=lambda: TenantLimiter({}))
+    """Per-tenant limits (`proxy.tenancy`); the default limits nobody."""
+    ledger: UsageLedger = field(default_factory=lambda: UsageLedger(None))
+    """Usage per tenant (`proxy.ledger`); the default keeps it in memory."""

@@ -8,13 +8,15 @@ The steps of `serve`, in order:
     decode      the body into the fields radixgate reads (msgspec); 400 naming the `param`; a cache
                 salt the client sent is dropped from the body (the tenant's is the gateway's to set)
     admit       the tenant may use the model: it is served (404 `model_not_found`); the token cap
-                (`[limits]`): a request without one gets the default, one above the bound a 400
+                (`[limits]`): a request without one gets the default, one above the bound a 400;
+                the tenant's limits (`proxy.tenancy`): allowed models, rates, concurrency (429)
     cache       the exact-match response cache replays a hit, or records the miss (`proxy.cache.step`)
     lease       the forwarder leases a worker from the router and calls its engine adapter, retrying
                 on another worker before the first byte (`proxy.forwarding`)
     relay       the answer goes to the front door's `Responder`: one JSON body, or a stream's chunks
     afterwards  the lease is released with the engine's usage (the routing tree learns what was
-                cached); a complete answer is stored; spans end and counters move
+                cached); the tenant's token reservation is settled from it; a complete answer is
+                stored; spans end and counters move
 
 Authentication comes first and once, before the body is read, so a stranger's body is never read.
 Errors before the answer starts are raised (`ApiError`, `EngineError`), and each front door answers
@@ -35,13 +37,14 @@ from adapters.base import Completion, EngineRequest
 from adapters.cache_salt import without_client_salt
 from adapters.errors import EngineError
 from adapters.json_body import with_field
-from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation
+from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation, Usage
 from proxy.auth import Tenant
 from proxy.cache.step import CachedCall
 from proxy.errors import ApiError, error_reply
 from proxy.forwarding import UpstreamStream
 from proxy.gateway import Gateway
 from proxy.responder import REQUEST_ID_HEADER, Headers, Responder
+from proxy.tenancy import BYTES_PER_TOKEN
 
 logger = logging.getLogger("radixgate.pipeline")
 
@@ -89,6 +92,7 @@ class Pipeline:
         params, body = decode_body(call.operation, call.body)
         body = admit(gateway, call.tenant, params, body)
         tenant = call.tenant
+        admission = gateway.limiter.admit(tenant.id, params, len(body))
         request = EngineRequest(
             call.operation,
             params,
@@ -97,14 +101,19 @@ class Pipeline:
             tenant.id,
             tenant.cache_salt,
         )
-        headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode())]
+        headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode()), *admission.headers]
+        spent = Spent()
 
         async def forward(sink: Responder) -> Completion | None:
+            spent.forwarded = True
             if params.stream:
-                await relay(sink, await gateway.forwarder.open_stream(request), headers)
+                stream = await gateway.forwarder.open_stream(request)
+                await relay(sink, stream, headers)
+                spent.answered, spent.usage = True, stream.usage
                 return None
             completion = await gateway.forwarder.complete(request)
             await sink.send_json(completion.body, headers)
+            spent.answered, spent.usage = True, completion.usage
             return completion
 
         gateway.active_requests += 1
@@ -113,6 +122,34 @@ class Pipeline:
             await gateway.cache.respond(request, call.cached, call.cache_control, headers, responder, forward)
         finally:
             gateway.active_requests -= 1
+            admission.settle(spent.tokens(admission.reserved_tokens))
+        prompt, completion_tokens, cached = spent.counts(len(body) // BYTES_PER_TOKEN, params)
+        gateway.ledger.record(tenant.id, params.model, prompt, completion_tokens, cached)
+
+
+@dataclass(slots=True)
+class Spent:
+    """What one request cost the engine, for the tenant's limits and the usage ledger."""
+
+    forwarded: bool = False
+    """False for a response-cache hit, which costs no engine tokens."""
+    answered: bool = False
+    usage: Usage | None = None
+
+    def tokens(self, reserved: int) -> int | None:
+        """Tokens to settle a reservation with; None keeps it (answered, but no usage reported)."""
+        if self.usage is not None:
+            return self.usage.total_tokens
+        return None if self.answered else 0
+
+    def counts(self, prompt_estimate: int, params: GenerationRequest) -> tuple[int, int, int]:
+        """(prompt, completion, cached) tokens for the ledger; estimated like the reservation when
+        the engine reported no usage (a stream without `include_usage`), so none goes unbilled."""
+        if not self.forwarded:
+            return 0, 0, 0
+        if self.usage is not None:
+            return self.usage.prompt_tokens, self.usage.completion_tokens, self.usage.cached_tokens or 0
+        return prompt_estimate, (params.token_limit or 0) * params.n, 0
 
 
 def admit(gateway: Gateway, tenant: Tenant, params: GenerationRequest, body: bytes) -> bytes:

@@ -23,6 +23,7 @@ from proxy.cache.settings import (
 )
 from proxy.routing.config import PositiveInt, RoutingSettings, Seconds, WorkerSpec
 from proxy.telemetry.config import TelemetrySettings
+from proxy.tenancy import TenantLimits
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -92,6 +93,11 @@ class AuthSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """HMAC secret that turns a tenant id into its cache salt; set it to make salts unguessable."""
     anonymous_tenant: str = DEFAULT_ANONYMOUS_TENANT
     """Tenant id of callers when no keys are configured."""
+    ledger_path: str | None = None
+    """The usage ledger's SQLite file; default `usage.sqlite3` in `cache.dir`, else memory only."""
+    tenants: dict[str, TenantLimits] = msgspec.field(default_factory=dict)
+    """`[auth.tenants.<id>]`: per-tenant rate, token and concurrency limits and allowed models
+    (`proxy.tenancy`); a tenant not listed is not limited."""
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

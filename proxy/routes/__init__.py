@@ -9,6 +9,7 @@ from proxy.pipeline import Pipeline
 from proxy.routes.generation import generation_handlers
 from proxy.routes.health import health_handlers
 from proxy.routes.models import models_handlers
+from proxy.routes.usage import usage_handlers
 
 
 def route_handlers(gateway: Gateway, pipeline: Pipeline) -> list[BaseRouteHandler]:
@@ -18,4 +19,5 @@ def route_handlers(gateway: Gateway, pipeline: Pipeline) -> list[BaseRouteHandle
         *generation_handlers(pipeline, gateway.settings.server.max_body_bytes),
         *models_handlers(gateway),
         *health_handlers(gateway),
+        *usage_handlers(gateway),
     ]
