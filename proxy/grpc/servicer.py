@@ -21,11 +21,12 @@ from proxy.auth import Tenant
 from proxy.errors import ApiError
 from proxy.gateway import Gateway
 from proxy.grpc.protocol import grpc_service_pb2 as pb
-from proxy.grpc.responder import StreamResponder, UnaryResponder
-from proxy.grpc.status import grpc_error
+from proxy.grpc.responder import StreamResponder, UnaryResponder, Write
+from proxy.grpc.status import GrpcError, grpc_error
 from proxy.grpc.tensors import INPUT_DATATYPES, TEXT_OUTPUT, TextRequest, read_text_request
-from proxy.grpc.tracing import call_span
+from proxy.grpc.tracing import CallSpan, call_span
 from proxy.pipeline import GenerationCall, Pipeline
+from proxy.responder import Headers
 
 SERVER_NAME: Final = "radixgate"
 PLATFORM: Final = "radixgate"
@@ -72,31 +73,36 @@ class InferenceServicer:
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         metadata = _metadata(context)
-        responder: UnaryResponder | None = None
+        error: GrpcError | None = None
         with call_span(self._tracer, "ModelInfer", metadata, request.model_name) as span:
             try:
-                tenant = self._pipeline.authenticate(_authorization(metadata))
-                text_request = _read(request)
-                span.set_stream(text_request.stream)
-                if text_request.stream:
-                    raise ApiError(400, "ModelInfer answers once; send `stream` true to ModelStreamInfer.")
-                responder = UnaryResponder(request, _prefix(text_request))
-                await self._pipeline.serve(_call(request, text_request, tenant, metadata), responder)
+                response, headers = await self._infer(request, metadata, span)
             except Exception as exc:
                 error = grpc_error(exc)
                 span.finish(error.code, str(error.http_status))
             else:
                 span.finish(grpc.StatusCode.OK)
-                error = None
         if error is not None:
-            await context.abort(error.code, error.message)
-        assert responder is not None and responder.response is not None
-        await context.send_initial_metadata([(name.decode(), value.decode()) for name, value in responder.headers])
-        return responder.response
+            await context.abort(error.code, error.message)  # raises
+        await context.send_initial_metadata([(name.decode(), value.decode()) for name, value in headers])
+        return response
 
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
-    ) -> None:
+    async def _infer(
+        self, request: pb.ModelInferRequest, metadata: Metadata, span: CallSpan
+    ) -> tuple[pb.ModelInferResponse, Headers]:
+        """One ModelInfer request through the pipeline: its response and the answer's metadata."""
+        tenant = self._pipeline.authenticate(_authorization(metadata))
+        text_request = _read(request)
+        span.set_stream(text_request.stream)
+        if text_request.stream:
+            raise ApiError(400, "ModelInfer answers once; send `stream` true to ModelStreamInfer.")
+        responder = UnaryResponder(request, _prefix(text_request))
+        await self._pipeline.serve(_call(request, text_request, tenant, metadata), responder)
+        if responder.response is None:
+            raise RuntimeError("the pipeline ended without an answer")
+        return responder.response, responder.headers
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest], context: Any) -> None:
         metadata = _metadata(context)
         try:
             tenant = self._pipeline.authenticate(_authorization(metadata))
@@ -128,7 +134,7 @@ class InferenceServicer:
         request: pb.ModelInferRequest,
         tenant: Tenant,
         metadata: Metadata,
-        write: Any,
+        write: Write,
     ) -> None:
         with call_span(self._tracer, "ModelStreamInfer", metadata, request.model_name) as span:
             try:

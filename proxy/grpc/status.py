@@ -1,4 +1,4 @@
-"""The gRPC status of an error the pipeline raised, from the HTTP status `proxy.errors.error_reply` gives it."""
+"""The gRPC status of an error the pipeline raised, from the HTTP status that `error_reply` gives it."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ def grpc_code(http_status: int) -> grpc.StatusCode:
 
 
 def grpc_error(error: BaseException) -> GrpcError:
-    """`error` as a gRPC status and message (the OpenAI error message; 500s are logged by `error_reply`)."""
+    """`error` as a gRPC status and message: the OpenAI error message, naming its `param` (500s are
+    logged by `error_reply`)."""
     reply = error_reply(error)
-    return GrpcError(grpc_code(reply.status), reply.detail.message, reply.status)
+    message, param = reply.detail.message, reply.detail.param
+    if param is not None and f"`{param}`" not in message:
+        message = f"{message} (`{param}`)"
+    return GrpcError(grpc_code(reply.status), message, reply.status)

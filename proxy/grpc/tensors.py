@@ -27,7 +27,12 @@ TEXT_OUTPUT: Final = "text_output"
 BYTES: Final = "BYTES"
 BOOL: Final = "BOOL"
 
-INPUT_DATATYPES: Final = {TEXT_INPUT: BYTES, STREAM: BOOL, SAMPLING_PARAMETERS: BYTES, EXCLUDE_INPUT_IN_OUTPUT: BOOL}
+INPUT_DATATYPES: Final = {
+    TEXT_INPUT: BYTES,
+    STREAM: BOOL,
+    SAMPLING_PARAMETERS: BYTES,
+    EXCLUDE_INPUT_IN_OUTPUT: BOOL,
+}
 """Every input the front door reads, with its datatype (ModelMetadata lists them in this order)."""
 
 _INT_FIELDS: Final = frozenset({"max_tokens", "n", "seed", "top_k", "logprobs"})
@@ -77,15 +82,15 @@ def read_text_request(request: pb.ModelInferRequest) -> TextRequest:
     for position, tensor in enumerate(request.inputs):
         expected = INPUT_DATATYPES.get(tensor.name)
         if expected is None:
-            raise _invalid(tensor.name, f"is not an input of this model; inputs: {', '.join(INPUT_DATATYPES)}")
+            raise _invalid(
+                tensor.name, f"is not an input of this model; inputs: {', '.join(INPUT_DATATYPES)}"
+            )
         if tensor.datatype != expected:
             raise _invalid(tensor.name, f"must have datatype {expected}, not {tensor.datatype or 'none'}")
         if _element_count(tensor.shape) != 1:
             raise _invalid(tensor.name, "must hold exactly one element (shape [1])")
         content = raw[position] if raw else None
-        values[tensor.name] = (
-            _one_bytes(tensor, content) if expected == BYTES else _one_bool(tensor, content)
-        )
+        values[tensor.name] = _one_bytes(tensor, content) if expected == BYTES else _one_bool(tensor, content)
     text = values.get(TEXT_INPUT)
     if not isinstance(text, bytes):
         raise _invalid(TEXT_INPUT, "is required")

@@ -57,7 +57,9 @@ class CallSpan:
 
 
 @contextmanager
-def call_span(tracer: trace.Tracer, method: str, metadata: Mapping[str, str], model: str) -> Iterator[CallSpan]:
+def call_span(
+    tracer: trace.Tracer, method: str, metadata: Mapping[str, str], model: str
+) -> Iterator[CallSpan]:
     """Start the span of one request (a child of the caller's trace context) and make it current."""
     traceparent = metadata.get(propagation.TRACEPARENT)
     parent = (
