@@ -101,7 +101,9 @@ def _stream(
         client.stop_stream()
 
 
-def test_liveness_readiness_and_metadata(served: ServedGateway, triton: grpcclient.InferenceServerClient) -> None:
+def test_liveness_readiness_and_metadata(
+    served: ServedGateway, triton: grpcclient.InferenceServerClient
+) -> None:
     assert triton.is_server_live(headers=AUTH)
     assert triton.is_server_ready(headers=AUTH)
     assert triton.is_model_ready(MODEL, headers=AUTH)
@@ -131,7 +133,9 @@ def test_health_checking_follows_readiness_and_reflection_lists_the_services(ser
     assert {SERVICE, "grpc.health.v1.Health"} <= set(services)
 
 
-def test_infer_equals_http_completions(served: ServedGateway, triton: grpcclient.InferenceServerClient) -> None:
+def test_infer_equals_http_completions(
+    served: ServedGateway, triton: grpcclient.InferenceServerClient
+) -> None:
     with openai.OpenAI(base_url=f"{served.http_url}/v1", api_key=API_KEY, max_retries=0) as sdk:
         http_text = sdk.completions.create(model=MODEL, prompt="Say hi", **GREEDY).choices[0].text
     result = triton.infer(MODEL, text_inputs("Say hi", GREEDY), headers=AUTH, request_id="r-1")
@@ -149,6 +153,16 @@ def test_numbers_in_sampling_parameters_may_be_strings(
     assert output_text(result) == "Hello from"
     sent = upstream.generation_requests()[0].json
     assert (sent["max_tokens"], sent["temperature"], sent["prompt"]) == (2, 0.5, "p")
+
+
+def test_repeated_greedy_requests_share_the_response_cache(
+    triton: grpcclient.InferenceServerClient, upstream: UpstreamServer
+) -> None:
+    texts = {
+        output_text(triton.infer(MODEL, text_inputs("Cache me", GREEDY), headers=AUTH)) for _ in range(3)
+    }
+    assert texts == {"Hello from the test"}
+    assert len(upstream.generation_requests()) < 3  # at least the last one was answered from the cache
 
 
 def test_stream_chunks_add_up_to_the_whole_text(triton: grpcclient.InferenceServerClient) -> None:
@@ -241,7 +255,9 @@ def test_upstream_timeout_is_deadline_exceeded(
     assert _code(caught.value) == "StatusCode.DEADLINE_EXCEEDED"
 
 
-def test_upstream_down_is_unavailable(triton: grpcclient.InferenceServerClient, upstream: UpstreamServer) -> None:
+def test_upstream_down_is_unavailable(
+    triton: grpcclient.InferenceServerClient, upstream: UpstreamServer
+) -> None:
     upstream.faults.append(Fault(status=503))
     with pytest.raises(InferenceServerException) as caught:
         triton.infer(MODEL, text_inputs("busy"), headers=AUTH)
@@ -274,7 +290,9 @@ def test_cancel_before_the_answer_cancels_the_upstream(
     served: ServedGateway, triton: grpcclient.InferenceServerClient, upstream: UpstreamServer
 ) -> None:
     upstream.faults.append(Fault(delay_s=1.8))
-    call = triton.async_infer(MODEL, text_inputs("Cancel early"), callback=lambda result, error: None, headers=AUTH)
+    call = triton.async_infer(
+        MODEL, text_inputs("Cancel early"), callback=lambda result, error: None, headers=AUTH
+    )
     deadline = time.monotonic() + 5
     while not upstream.generation_requests() and time.monotonic() < deadline:
         time.sleep(0.01)
