@@ -44,7 +44,7 @@ class UnaryResponder:
         self._request = request
         self._parts = [prefix]
         self.headers: Headers = []
-        """The answer's metadata (`x-request-id`, `x-radixgate-cache`), sent as initial metadata."""
+        """The answer's metadata (`x-request-id`, `x-radixgate-cache`), sent as trailing metadata."""
         self.response: pb.ModelInferResponse | None = None
         """Set once the answer is complete."""
 

@@ -84,7 +84,8 @@ class InferenceServicer:
                 span.finish(grpc.StatusCode.OK)
         if error is not None:
             await context.abort(error.code, error.message)  # raises
-        await context.send_initial_metadata([(name.decode(), value.decode()) for name, value in headers])
+        # Trailing: it goes out with the status, where initial metadata would be a write of its own.
+        context.set_trailing_metadata([(name.decode(), value.decode()) for name, value in headers])
         return response
 
     async def _infer(
