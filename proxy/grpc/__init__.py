@@ -5,6 +5,7 @@ Triton serves it) over the same request pipeline as the HTTP routes.
     tensors     text generation tensors as Triton's vLLM backend names them <-> an OpenAI completions body
     responder   the pipeline's `Responder` for ModelInfer and ModelStreamInfer
     status      the one mapping of an error reply's HTTP status to a gRPC status code
+    tracing     one SERVER span per inference request, in the caller's trace (`traceparent` metadata)
     servicer    the RPCs: liveness, readiness, metadata, ModelInfer, ModelStreamInfer (one SERVER span each)
     server      the `grpc.aio` server on the gateway's loop, with health checking and reflection
 

@@ -11,6 +11,8 @@ cancels cancels the handler's task, which cancels the pipeline and so the upstre
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -27,6 +29,8 @@ from proxy.grpc.tensors import INPUT_DATATYPES, TEXT_OUTPUT, TextRequest, read_t
 from proxy.grpc.tracing import CallSpan, call_span
 from proxy.pipeline import GenerationCall, Pipeline
 from proxy.responder import Headers
+
+logger = logging.getLogger("radixgate.grpc")
 
 SERVER_NAME: Final = "radixgate"
 PLATFORM: Final = "radixgate"
@@ -121,7 +125,7 @@ class InferenceServicer:
             async for request in requests:
                 task = asyncio.create_task(self._serve_on_stream(request, tenant, metadata, write))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                task.add_done_callback(functools.partial(_finished, tasks))
             while tasks:  # the caller has sent all its requests: answer them before the call ends
                 await asyncio.wait(set(tasks))
         finally:
@@ -150,6 +154,13 @@ class InferenceServicer:
                 await write(pb.ModelStreamInferResponse(error_message=error.message, infer_response=reply))
             else:
                 span.finish(grpc.StatusCode.OK)
+
+
+def _finished(tasks: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    """A request on a stream is done; a failure to answer it (the call already ended) is logged."""
+    tasks.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.warning("a request on a ModelStreamInfer call could not be answered: %r", error)
 
 
 def _read(request: pb.ModelInferRequest) -> TextRequest:
