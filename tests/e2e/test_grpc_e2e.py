@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 from proxy.telemetry import semconv
 from tests.e2e.conftest import MODEL
 from tests.e2e.grpc_support import API_KEY, AUTH, ServedGateway, is_final, output_text, text_inputs
-from tests.proxy.telemetry.otlp_receiver import OTLPReceiver, otlp_receiver
+from tests.proxy.telemetry.otlp_receiver import OTLPReceiver, ReceivedSpan, otlp_receiver
 from tests.upstream_server import Fault, UpstreamServer
 
 REPLY = "Hello from the test upstream."
@@ -188,6 +188,27 @@ def test_a_request_without_stream_on_a_stream_is_one_final_response(
     assert output_text(result) == "Once" + REPLY
 
 
+def test_requests_on_one_stream_are_answered_by_id(triton: grpcclient.InferenceServerClient) -> None:
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: responses.put((result, error)), headers=AUTH)
+    try:
+        for number in range(3):
+            inputs = text_inputs(f"Stream {number}", {"max_tokens": number + 2}, stream=True)
+            triton.async_stream_infer(MODEL, inputs, request_id=f"id-{number}")
+        texts: dict[str, str] = {}
+        finished: set[str] = set()
+        while len(finished) < 3:
+            result, error = responses.get(timeout=10)
+            assert error is None, error
+            request_id = result.get_response().id
+            texts[request_id] = texts.get(request_id, "") + output_text(result)
+            if is_final(result):
+                finished.add(request_id)
+    finally:
+        triton.stop_stream()
+    assert texts == {f"id-{n}": " ".join(REPLY.split(" ")[: n + 2]) for n in range(3)}
+
+
 @pytest.mark.parametrize("headers", [None, {"authorization": "Bearer wrong-key"}])
 def test_a_missing_or_invalid_key_is_unauthenticated(
     triton: grpcclient.InferenceServerClient, headers: dict[str, str] | None
@@ -327,18 +348,23 @@ async def test_fifty_concurrent_streams_all_complete(served: ServedGateway, upst
     assert served.wait_idle() == 0
 
 
+def _trace(receiver: OTLPReceiver, trace_id: str) -> list[ReceivedSpan]:
+    """The server and client spans of one trace, once both have been exported."""
+    deadline = time.monotonic() + 5
+    while True:
+        spans = [s for s in receiver.spans() if s.span.trace_id.hex() == trace_id]
+        if len(spans) >= 2 or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.05)
+
+
 def test_one_server_span_per_call_in_the_callers_trace(
     triton: grpcclient.InferenceServerClient, receiver: OTLPReceiver
 ) -> None:
     trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     headers = {**AUTH, "traceparent": f"00-{trace_id}-{parent_id}-01"}
     triton.infer(MODEL, text_inputs("Traced", GREEDY), headers=headers)
-    deadline = time.monotonic() + 5
-    while True:
-        spans = [s for s in receiver.spans() if s.span.trace_id.hex() == trace_id]
-        if len(spans) >= 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    spans = _trace(receiver, trace_id)
     server = next(s for s in spans if s.span.kind == ProtoSpan.SPAN_KIND_SERVER)
     client = next(s for s in spans if s.span.kind == ProtoSpan.SPAN_KIND_CLIENT)
     assert server.span.name == f"{SERVICE}/ModelInfer"
@@ -351,6 +377,23 @@ def test_one_server_span_per_call_in_the_callers_trace(
     assert attributes[semconv.GEN_AI_OPERATION_NAME] == "text_completion"
     assert attributes[semconv.GEN_AI_REQUEST_MODEL] == MODEL
     assert attributes[semconv.GEN_AI_REQUEST_STREAM] is False
+
+
+def test_a_streamed_request_has_its_server_span_too(
+    triton: grpcclient.InferenceServerClient, receiver: OTLPReceiver
+) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    responses: queue.Queue[Any] = queue.Queue()
+    headers = {**AUTH, "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    triton.start_stream(callback=lambda result, error: responses.put(result), headers=headers)
+    triton.async_stream_infer(MODEL, text_inputs("Traced stream", {"max_tokens": 3}, stream=True))
+    while not is_final(responses.get(timeout=10)):
+        pass
+    triton.stop_stream()
+    server = next(s for s in _trace(receiver, trace_id) if s.span.kind == ProtoSpan.SPAN_KIND_SERVER)
+    assert server.span.name == f"{SERVICE}/ModelStreamInfer"
+    assert server.attributes[semconv.GEN_AI_REQUEST_STREAM] is True
+    assert server.attributes[semconv.RPC_GRPC_STATUS_CODE] == 0
 
 
 def test_the_grpc_port_stops_with_the_gateway(tmp_path: Path, upstream_server: UpstreamServer) -> None:
