@@ -2,7 +2,8 @@
 
 `UnaryResponder` gathers one `ModelInferResponse` (ModelInfer). `StreamResponder` writes
 `ModelStreamInferResponse`s as Triton's decoupled models do: one per chunk with its new text, every
-one carrying the `triton_final_response` parameter, true on the last. The last is the chunk that
+one carrying the `triton_final_response` parameter, true on the last (the prompt, when the caller
+wants it, goes in front of the first one's text). The last is the chunk that
 finishes the choice; with `triton_enable_empty_final_response` it is instead an extra response with
 no outputs. A failure midway is one response with `error_message` (a stream reports a failed request
 in-band and stays open for the caller's other requests).
