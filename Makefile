@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` takes optional HOST, PORT, UPSTREAM (an OpenAI-compatible URL), CONFIG (a TOML file)
 # and ARGS; unset ones fall back to the configuration (default 127.0.0.1:8080, embedded engine).
 
-.PHONY: venv serve test lint bench openapi clean
+.PHONY: venv serve test lint bench openapi grpc-stubs clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ bench: $(STAMP)
 
 openapi: $(STAMP)
 	$(BIN)/python -m proxy.openapi_export > openapi.yaml
+
+# The gRPC front door's messages and service stubs from proxy/grpc/protocol/grpc_service.proto (committed).
+grpc-stubs: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		proxy/grpc/protocol/grpc_service.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

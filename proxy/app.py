@@ -57,7 +57,8 @@ def create_app(
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         try:
             await router.start()
-            yield
+            async with grpc_front_door(settings, gateway, pipeline):
+                yield
         finally:
             await router.aclose()
             await asyncio.to_thread(ledger.close)
@@ -94,3 +95,23 @@ def ledger_path(settings: Settings) -> Path | None:
     if settings.auth.ledger_path is not None:
         return Path(settings.auth.ledger_path)
     return Path(settings.cache.dir) / LEDGER_FILE if settings.cache.dir is not None else None
+
+
+@asynccontextmanager
+async def grpc_front_door(settings: Settings, gateway: Gateway, pipeline: Pipeline) -> AsyncIterator[None]:
+    """The gRPC listener while the app runs, when `server.grpc_port` is set (imported only then:
+    see `proxy.grpc`)."""
+    server = settings.server
+    if server.grpc_port is None:
+        yield
+        return
+    from proxy.grpc.server import GrpcFrontDoor
+
+    front_door = GrpcFrontDoor(
+        gateway, pipeline, server.host, server.grpc_port, max_message_bytes=server.max_body_bytes
+    )
+    await front_door.start()
+    try:
+        yield
+    finally:
+        await front_door.stop(server.graceful_shutdown_s)

@@ -4,6 +4,7 @@
     radixgate serve --upstream http://h:8000 [--model NAME] [--host H] [--port P]
     radixgate serve --config radixgate.toml
     radixgate serve --cache-dir DIR                  # cached answers also kept on disk in DIR
+    radixgate serve --grpc-port 8001                 # also the KServe v2 / Triton gRPC protocol
     radixgate config show [--format toml|json]       # secrets masked
     radixgate config hash-key [KEY]                  # SHA-256 for auth.api_keys (reads stdin without KEY)
 
@@ -103,6 +104,9 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    parser.add_argument(
+        "--grpc-port", type=int, help="also serve the KServe v2 gRPC inference protocol on this port"
+    )
     parser.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"))
     parser.add_argument("--cache-dir", metavar="DIR", help="L3 disk cache tier in DIR (cache.dir)")
 
@@ -113,6 +117,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["server.host"] = args.host
     if args.port is not None:
         overrides["server.port"] = args.port
+    if args.grpc_port is not None:
+        overrides["server.grpc_port"] = args.grpc_port
     if args.log_level is not None:
         overrides["server.log_level"] = args.log_level
     workers = [{"url": url, "models": list(args.model or [])} for url in args.upstream or []]

@@ -40,7 +40,7 @@ DEFAULT_LOG_LEVEL: LogLevel = "info"
 
 
 class ServerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The HTTP listener."""
+    """The HTTP listener (and the optional gRPC one beside it)."""
 
     host: str = DEFAULT_HOST
     """Address to bind; `0.0.0.0` to accept connections from other machines."""
@@ -54,6 +54,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     """One log line per request (costs CPU on the hot path; off by default)."""
     graceful_shutdown_s: Seconds = DEFAULT_GRACEFUL_SHUTDOWN_S
     """On shutdown, seconds in-flight requests get to finish."""
+    grpc_port: Port | None = None
+    """Also serve the KServe v2 gRPC inference protocol on this port (same host; 0 picks a free one);
+    None: no gRPC listener."""
 
 
 DEFAULT_MAX_TOKENS_CAP = 4096

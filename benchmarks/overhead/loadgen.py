@@ -33,15 +33,18 @@ ANSWER_TIMEOUT_S = 30.0
 """After the last request is sent, how long to wait for the stragglers before counting them failed."""
 
 
+PROMPT = "Say something short about foxes."
+
+
 def request_bytes(host: str, port: int, path: str, model: str, stream: bool) -> bytes:
+    """A chat request, or a text completion one when `path` is `/v1/completions` (as gRPC sends)."""
+    question: dict[str, object] = (
+        {"prompt": PROMPT}
+        if path.endswith("/v1/completions")
+        else {"messages": [{"role": "user", "content": PROMPT}]}
+    )
     body = json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something short about foxes."}],
-            "max_tokens": 16,
-            "stream": stream,
-        },
-        separators=(",", ":"),
+        {"model": model, **question, "max_tokens": 16, "stream": stream}, separators=(",", ":")
     ).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"

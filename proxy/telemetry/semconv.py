@@ -52,6 +52,11 @@ NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
 CLIENT_ADDRESS: Final = "client.address"
 SERVICE_NAME: Final = "service.name"
 SERVICE_VERSION: Final = "service.version"
+RPC_SYSTEM: Final = "rpc.system"
+RPC_SYSTEM_GRPC: Final = "grpc"
+RPC_SERVICE: Final = "rpc.service"
+RPC_METHOD: Final = "rpc.method"
+RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
 
 # ---- GenAI client metrics --------------------------------------------------
 
@@ -104,6 +109,11 @@ INSTRUMENTATION_SCOPE: Final = "radixgate"
 def client_span_name(operation: str, model: str) -> str:
     """`{gen_ai.operation.name} {gen_ai.request.model}`, the GenAI client span name."""
     return f"{operation} {model}"
+
+
+def rpc_span_name(service: str, method: str) -> str:
+    """`{rpc.service}/{rpc.method}`, the RPC span name."""
+    return f"{service}/{method}"
 
 
 def server_span_name(method: str, route: str | None) -> str:
