@@ -22,6 +22,7 @@ from proxy.errors import ErrorResponse
 from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH
 from proxy.routes.health import HEALTH_PATH, LIVE_PATH, READY_PATH
 from proxy.routes.models import MODELS_PATH
+from proxy.routes.usage import ADMIN_USAGE_PATH, USAGE_PATH, TenantUsage, UsageList
 from proxy.routing.admin import RemovedWorker, WorkerList, WorkerStatus
 from proxy.routing.config import WorkerSpec
 from proxy.schemas import HealthStatus, LiveStatus, ModelList, ReadyStatus
@@ -66,6 +67,8 @@ def build_openapi() -> dict[str, Any]:
             WorkerSpec,
             WorkerStatus,
             RemovedWorker,
+            TenantUsage,
+            UsageList,
         ],
         ref_template=_REF,
     )
@@ -135,6 +138,12 @@ def build_openapi() -> dict[str, Any]:
                 }
             },
             MODELS_PATH: {"get": _get("listModels", "List the models the gateway serves", "ModelList")},
+            USAGE_PATH: {
+                "get": _get("usage", "The caller's tenant's usage and budget", "TenantUsage", ("401",))
+            },
+            ADMIN_USAGE_PATH: {
+                "get": _get("adminUsage", "Every tenant's usage and budget", "UsageList", ("401", "403"))
+            },
             HEALTH_PATH: {"get": _get("health", "Gateway health, workers and memory", "HealthStatus")},
             READY_PATH: {
                 "get": _get(

@@ -155,6 +155,8 @@ def _setting_keys(kind: object, prefix: str = "") -> list[str]:
         args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
         if typing.get_origin(annotation) is list and _setting_keys(args[0]):
             keys += _setting_keys(args[0], f"{prefix}{name}[].")
+        elif typing.get_origin(annotation) is dict and _setting_keys(args[1]):
+            keys += _setting_keys(args[1], f"{prefix}{name}.<id>.")
         elif nested := [key for arg in args for key in _setting_keys(arg, f"{prefix}{name}.")]:
             keys += nested
         else:
