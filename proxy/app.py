@@ -17,9 +17,11 @@ from proxy.cache.layer import CacheLayer
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.forwarding import Forwarder, RetryPolicy
 from proxy.gateway import Gateway
+from proxy.keys import KeyStore
 from proxy.ledger import UsageLedger
 from proxy.pipeline import Pipeline
 from proxy.routes import route_handlers
+from proxy.routes.keys import keys_router
 from proxy.routing.admin import admin_router, allowed_hosts
 from proxy.routing.from_settings import build_pool
 from proxy.routing.pool import WorkerPool
@@ -39,11 +41,12 @@ def create_app(
     forwarder = Forwarder(router, telemetry, RetryPolicy.from_settings(settings.routing))
     cache = CacheLayer.from_settings(settings, telemetry.prometheus, router)
     ledger = UsageLedger(ledger_path(settings))
+    keys = KeyStore(ledger_path(settings))
     gateway = Gateway(
         settings,
         router,
         forwarder,
-        Authenticator(settings.auth),
+        Authenticator(settings.auth, keys),
         telemetry,
         __version__,
         cache=cache.step,
@@ -62,6 +65,7 @@ def create_app(
         finally:
             await router.aclose()
             await asyncio.to_thread(ledger.close)
+            keys.close()
             await telemetry.shutdown()
 
     app = Litestar(
@@ -70,6 +74,7 @@ def create_app(
             *cached_handlers(pipeline, max_body),
             *admin_handlers(gateway, cache),
             telemetry.metrics_handler,
+            keys_router(gateway),
             admin_router(
                 router,
                 guards=[admin_guard(gateway.auth)],

@@ -25,6 +25,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
 from proxy.errors import ApiError
+from proxy.keys import KeyStore
 from proxy.settings import AuthSettings
 
 _BEARER = b"bearer "
@@ -53,10 +54,12 @@ def cache_salt(secret: str, tenant_id: str) -> str:
 class Authenticator:
     """Resolves the `Authorization` header of a request to its `Tenant`."""
 
-    __slots__ = ("_anonymous", "_keys")
+    __slots__ = ("_anonymous", "_keys", "_secret", "runtime")
 
-    def __init__(self, settings: AuthSettings) -> None:
-        secret = settings.cache_salt_secret
+    def __init__(self, settings: AuthSettings, runtime: KeyStore | None = None) -> None:
+        secret = self._secret = settings.cache_salt_secret
+        self.runtime = runtime if runtime is not None else KeyStore(None)
+        """Keys created at run time (`POST /admin/keys`), beside the configured ones."""
         self._keys = [
             (bytes.fromhex(entry.sha256), Tenant(entry.tenant, cache_salt(secret, entry.tenant), entry.admin))
             for entry in settings.api_keys
@@ -66,13 +69,13 @@ class Authenticator:
 
     @property
     def required(self) -> bool:
-        """True when keys are configured, so every request must present one."""
-        return bool(self._keys)
+        """True when keys are configured or created, so every request must present one."""
+        return bool(self._keys) or bool(self.runtime)
 
     def authenticate(self, authorization: bytes | None) -> Tenant:
         """The tenant of a raw `Authorization` header value; raises a 401 `ApiError` when keys are
         configured and the header is missing or holds no valid key."""
-        if not self._keys:
+        if not self.required:
             return self._anonymous
         if authorization is None or authorization[:7].lower() != _BEARER or not authorization[7:].strip():
             raise _unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer KEY`.")
@@ -81,6 +84,8 @@ class Authenticator:
         for key_digest, tenant in self._keys:
             if hmac.compare_digest(key_digest, digest):
                 found = tenant
+        if found is None and (stored := self.runtime.find(digest)) is not None:
+            found = Tenant(stored.tenant, cache_salt(self._secret, stored.tenant), stored.admin)
         if found is None:
             raise _unauthorized("Incorrect API key provided.")
         return found
@@ -88,7 +93,7 @@ class Authenticator:
     def authorize_admin(self, authorization: bytes | None, client_host: str | None) -> Tenant:
         """The caller, when it may administer the gateway: an admin key, or, with no keys configured,
         a loopback client. 401 without a valid key, 403 `permission_denied` otherwise."""
-        if not self._keys:
+        if not self.required:
             if client_host is not None and is_loopback(client_host):
                 return self._anonymous
             raise _forbidden("The admin API answers only loopback clients while no API keys are configured.")

@@ -21,6 +21,7 @@ from proxy.cache.warm import WarmRequest, WarmResult
 from proxy.errors import ErrorResponse
 from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH
 from proxy.routes.health import HEALTH_PATH, LIVE_PATH, READY_PATH
+from proxy.routes.keys import CreatedKey, KeyList, NewKey, RevokedKey
 from proxy.routes.models import MODELS_PATH
 from proxy.routes.usage import ADMIN_USAGE_PATH, USAGE_PATH, TenantUsage, UsageList
 from proxy.routing.admin import RemovedWorker, WorkerList, WorkerStatus
@@ -69,6 +70,10 @@ def build_openapi() -> dict[str, Any]:
             RemovedWorker,
             TenantUsage,
             UsageList,
+            NewKey,
+            CreatedKey,
+            KeyList,
+            RevokedKey,
         ],
         ref_template=_REF,
     )
@@ -140,6 +145,29 @@ def build_openapi() -> dict[str, Any]:
             MODELS_PATH: {"get": _get("listModels", "List the models the gateway serves", "ModelList")},
             USAGE_PATH: {
                 "get": _get("usage", "The caller's tenant's usage and budget", "TenantUsage", ("401",))
+            },
+            "/admin/keys": {
+                "get": _get("listKeys", "Run-time API keys (never the keys)", "KeyList", ("401", "403")),
+                "post": {
+                    **_get(
+                        "createKey",
+                        "Create a key; it is shown in this answer only",
+                        "CreatedKey",
+                        ("400", "401", "403"),
+                    ),
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("NewKey")}},
+                    },
+                },
+            },
+            "/admin/keys/{key_id}": {
+                "delete": {
+                    **_get("revokeKey", "Revoke a run-time key", "RevokedKey", ("401", "403", "404")),
+                    "parameters": [
+                        {"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                }
             },
             ADMIN_USAGE_PATH: {
                 "get": _get("adminUsage", "Every tenant's usage and budget", "UsageList", ("401", "403"))
