@@ -27,7 +27,7 @@ from proxy.routing.from_settings import build_pool
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
-from proxy.tenancy import TenantLimiter
+from proxy.tenancy import Limiter, TenantLimiter
 
 
 def create_app(
@@ -50,7 +50,7 @@ def create_app(
         telemetry,
         __version__,
         cache=cache.step,
-        limiter=TenantLimiter(dict(settings.auth.tenants), ledger),
+        limiter=tenant_limiter(settings, ledger),
         ledger=ledger,
     )
     pipeline = Pipeline(gateway)
@@ -64,6 +64,7 @@ def create_app(
                 yield
         finally:
             await router.aclose()
+            await gateway.limiter.aclose()
             await asyncio.to_thread(ledger.close)
             keys.close()
             await telemetry.shutdown()
@@ -90,6 +91,16 @@ def create_app(
     )
     app.state.gateway = gateway
     return app
+
+
+def tenant_limiter(settings: Settings, ledger: UsageLedger) -> Limiter:
+    """Per-tenant limits in this process, or shared by every replica when Redis is configured."""
+    local = TenantLimiter(dict(settings.auth.tenants), ledger)
+    if settings.cache.redis_url is None or not settings.auth.tenants:
+        return local
+    from proxy.tenancy_redis import RedisLimiter
+
+    return RedisLimiter(dict(settings.auth.tenants), settings.cache.redis_url, local)
 
 
 LEDGER_FILE = "usage.sqlite3"

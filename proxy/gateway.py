@@ -12,7 +12,7 @@ from proxy.ledger import UsageLedger
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
-from proxy.tenancy import TenantLimiter
+from proxy.tenancy import Limiter, TenantLimiter
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class Gateway:
     """Generation requests being served right now (`GET /health`)."""
     cache: ResponseCacheStep = field(default_factory=lambda: ResponseCacheStep(None))
     """The response-cache step of the request path (`proxy.cache`); the default caches nothing."""
-    limiter: TenantLimiter = field(default_factory=lambda: TenantLimiter({}))
+    limiter: Limiter = field(default_factory=lambda: TenantLimiter({}))
     """Per-tenant limits (`proxy.tenancy`); the default limits nobody."""
     ledger: UsageLedger = field(default_factory=lambda: UsageLedger(None))
     """Usage per tenant (`proxy.ledger`); the default keeps it in memory."""

@@ -92,7 +92,7 @@ class Pipeline:
         params, body = decode_body(call.operation, call.body)
         body = admit(gateway, call.tenant, params, body)
         tenant = call.tenant
-        admission = gateway.limiter.admit(tenant.id, params, len(body))
+        admission = await gateway.limiter.admit(tenant.id, params, len(body))
         request = EngineRequest(
             call.operation,
             params,

@@ -16,8 +16,9 @@ uses none) and frees the concurrency slot. Every answer to a limited tenant carr
 
 A bucket refills continuously at its per-minute rate and holds at most one minute's worth. It is
 written here rather than taken from the `limits` package because settling a reservation needs a
-refund, which `limits`' strategies do not offer. The buckets live in this process: N replicas each
-enforce the limit on their own share.
+refund, which `limits`' strategies do not offer. The buckets here live in this process; with Redis
+configured (`cache.redis_url`) `proxy.tenancy_redis` keeps the same buckets in Redis, so N replicas
+enforce one limit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import msgspec
 
@@ -82,15 +83,33 @@ class _TenantState:
     in_flight: int = 0
 
 
+class Settles(Protocol):
+    def settle(self, admission: Admission, used_tokens: int | None) -> None: ...
+
+
+class Limiter(Protocol):
+    """What the pipeline asks of a tenant limiter (this module's, or `proxy.tenancy_redis`'s)."""
+
+    def limits(self, tenant_id: str) -> TenantLimits | None: ...
+
+    async def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission: ...
+
+    async def budget_used(self, tenant_id: str) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Admission:
     """One admitted request's hold on its tenant's limits; `settle` exactly once."""
 
-    limiter: TenantLimiter | None
+    limiter: Settles | None
     tenant_id: str
     reserved_tokens: int
     headers: Headers = field(default_factory=list)
     """The `x-ratelimit-*` headers for the answer."""
+    request_key: str = ""
+    """Names this request among the tenant's in flight (the shared limiter's)."""
 
     def settle(self, used_tokens: int | None) -> None:
         """Free the concurrency slot and refund the tokens not used (`None`: keep the reservation)."""
@@ -119,26 +138,32 @@ class TenantLimiter:
     def limits(self, tenant_id: str) -> TenantLimits | None:
         return self._limits.get(tenant_id)
 
-    def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
+    async def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
         """Take one request and its tokens from the tenant's limits, or raise the 404/429 to answer."""
+        return self.admit_now(tenant_id, params, body_bytes)
+
+    async def aclose(self) -> None:
+        """Nothing to close: the buckets live in this process."""
+
+    async def budget_used(self, tenant_id: str) -> int:
+        """Tokens the tenant used in its current budget period (0 without a budget)."""
+        limits = self._limits.get(tenant_id)
+        if limits is None or limits.token_budget is None or self._ledger is None:
+            return 0
+        return self._ledger.totals(tenant_id, limits.budget_period).total_tokens
+
+    def admit_now(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
+        """`admit`, without waiting on anything (the in-process limits)."""
         limits = self._limits.get(tenant_id)
         if limits is None:
             return Admission(None, tenant_id, 0)
-        if limits.models and params.model not in limits.models:
-            raise ApiError.model_not_found(params.model)
+        check_model(limits, params)
         if limits.token_budget is not None and self._ledger is not None:
             used = self._ledger.totals(tenant_id, limits.budget_period).total_tokens
-            if used >= limits.token_budget:
-                raise ApiError(
-                    429,
-                    f"You used {used} of your {limits.token_budget} tokens this {limits.budget_period} "
-                    "budget period.",
-                    error_type="insufficient_quota",
-                    code="insufficient_quota",
-                )
+            check_budget(limits, used)
         state = self._state(tenant_id, limits)
         now = self._clock()
-        reserve = body_bytes // BYTES_PER_TOKEN + (params.token_limit or 0) * params.n
+        reserve = reservation(params, body_bytes)
         if limits.max_concurrent_requests is not None and state.in_flight >= limits.max_concurrent_requests:
             raise _limited(
                 f"You have {state.in_flight} requests in flight, the most this tenant may have at once.",
@@ -182,18 +207,51 @@ class TenantLimiter:
 
     @staticmethod
     def _headers(state: _TenantState, now: float) -> Headers:
-        headers: Headers = []
+        levels = []
         for bucket, what in ((state.requests, b"requests"), (state.tokens, b"tokens")):
-            if bucket is None:
-                continue
-            bucket.refill(now)
-            reset = bucket.seconds_until(bucket.capacity)
-            headers += [
-                (b"x-ratelimit-limit-" + what, str(int(bucket.capacity)).encode()),
-                (b"x-ratelimit-remaining-" + what, str(max(0, math.floor(bucket.level))).encode()),
-                (b"x-ratelimit-reset-" + what, f"{reset:.3f}s".encode()),
-            ]
-        return headers
+            if bucket is not None:
+                bucket.refill(now)
+                levels.append((what, bucket.capacity, bucket.level))
+        return rate_headers(levels)
+
+
+def reservation(params: GenerationRequest, body_bytes: int) -> int:
+    """Tokens a request reserves: its prompt, estimated from the body, and its most output."""
+    return body_bytes // BYTES_PER_TOKEN + (params.token_limit or 0) * params.n
+
+
+def check_model(limits: TenantLimits, params: GenerationRequest) -> None:
+    if limits.models and params.model not in limits.models:
+        raise ApiError.model_not_found(params.model)
+
+
+def check_budget(limits: TenantLimits, used: int) -> None:
+    if limits.token_budget is not None and used >= limits.token_budget:
+        raise ApiError(
+            429,
+            f"You used {used} of your {limits.token_budget} tokens this {limits.budget_period} "
+            "budget period.",
+            error_type="insufficient_quota",
+            code="insufficient_quota",
+        )
+
+
+def rate_headers(levels: list[tuple[bytes, float, float]]) -> Headers:
+    """OpenAI's `x-ratelimit-*` headers for (what, capacity, level) of each bucket."""
+    headers: Headers = []
+    for what, capacity, level in levels:
+        reset = max(0.0, (capacity - level) * 60.0 / capacity)
+        headers += [
+            (b"x-ratelimit-limit-" + what, str(int(capacity)).encode()),
+            (b"x-ratelimit-remaining-" + what, str(max(0, math.floor(level))).encode()),
+            (b"x-ratelimit-reset-" + what, f"{reset:.3f}s".encode()),
+        ]
+    return headers
+
+
+def limited(message: str, retry_after_s: float, headers: Headers) -> ApiError:
+    """The 429 `rate_limit_exceeded` to answer, with `Retry-After` and the rate headers."""
+    return _limited(message, retry_after_s, headers)
 
 
 def _bucket(per_minute: int | None, now: float) -> TokenBucket | None:

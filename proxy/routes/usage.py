@@ -39,11 +39,14 @@ class UsageList(msgspec.Struct, kw_only=True):
     tenants: list[TenantUsage]
 
 
-def usage_of(gateway: Gateway, tenant: str) -> TenantUsage:
+async def usage_of(gateway: Gateway, tenant: str) -> TenantUsage:
+    """The ledger's figures for `tenant`; what is left of a budget as the limiter counts it (shared by
+    every replica when the limits are in Redis)."""
     limits = gateway.limiter.limits(tenant)
     budget = limits.token_budget if limits is not None else None
     period: BudgetPeriod = limits.budget_period if limits is not None and budget is not None else "total"
     totals = gateway.ledger.totals(tenant, period)
+    spent = await gateway.limiter.budget_used(tenant) if budget is not None else 0
     return TenantUsage(
         tenant=tenant,
         requests=totals.requests,
@@ -52,21 +55,21 @@ def usage_of(gateway: Gateway, tenant: str) -> TenantUsage:
         cached_tokens=totals.cached_tokens,
         total_tokens=totals.total_tokens,
         budget=budget,
-        budget_remaining=max(0, budget - totals.total_tokens) if budget is not None else None,
+        budget_remaining=max(0, budget - spent) if budget is not None else None,
         period=period,
     )
 
 
 def usage_handlers(gateway: Gateway) -> list[HTTPRouteHandler]:
-    @get(USAGE_PATH, guards=[tenant_guard(gateway.auth)], sync_to_thread=False, name="usage")
-    def own_usage(request: Request[Any, Any, Any]) -> TenantUsage:
+    @get(USAGE_PATH, guards=[tenant_guard(gateway.auth)], name="usage")
+    async def own_usage(request: Request[Any, Any, Any]) -> TenantUsage:
         tenant: Tenant = request.state.tenant  # set by the guard
-        return usage_of(gateway, tenant.id)
+        return await usage_of(gateway, tenant.id)
 
-    @get(ADMIN_USAGE_PATH, guards=[admin_guard(gateway.auth)], sync_to_thread=False, name="admin_usage")
-    def every_usage() -> UsageList:
+    @get(ADMIN_USAGE_PATH, guards=[admin_guard(gateway.auth)], name="admin_usage")
+    async def every_usage() -> UsageList:
         auth = gateway.settings.auth
         tenants = sorted({*gateway.ledger.tenants(), *auth.tenants, *(key.tenant for key in auth.api_keys)})
-        return UsageList(tenants=[usage_of(gateway, tenant) for tenant in tenants])
+        return UsageList(tenants=[await usage_of(gateway, tenant) for tenant in tenants])
 
     return [own_usage, every_usage]
