@@ -185,6 +185,8 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
     import uvicorn
 
+    from proxy.http_protocol import guarded_protocol
+
     _warn_if_open(settings)
     level = settings.server.log_level
     config = uvicorn.Config(
@@ -198,7 +200,7 @@ def _run(settings: Settings, create_app: Callable[[Settings], Any]) -> int:
         server_header=False,
         # Pinned, not "auto": auto falls back silently to the pure-Python h11 parser and the stdlib loop.
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(settings.server.header_timeout_s, settings.server.max_header_bytes),
         ws="none",  # no WebSocket routes: an Upgrade request is served as plain HTTP, never left hanging
     )
     server = uvicorn.Server(config)

@@ -21,6 +21,7 @@ from proxy.cache.settings import (
     SlidingWindowSettings,
     SpeculativeSettings,
 )
+from proxy.http_protocol import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES
 from proxy.routing.config import PositiveInt, RoutingSettings, Seconds, WorkerSpec
 from proxy.telemetry.config import TelemetrySettings
 from proxy.tenancy import TenantLimits
@@ -54,6 +55,11 @@ class ServerSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     """One log line per request (costs CPU on the hot path; off by default)."""
     graceful_shutdown_s: Seconds = DEFAULT_GRACEFUL_SHUTDOWN_S
     """On shutdown, seconds in-flight requests get to finish."""
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_HEADER_TIMEOUT_S
+    """Seconds a request head may take to arrive, from its first byte (or the connection's start);
+    then 408 and the connection is closed."""
+    max_header_bytes: PositiveInt = DEFAULT_MAX_HEADER_BYTES
+    """Largest request head (request line and header fields); a larger one is 431."""
     grpc_port: Port | None = None
     """Also serve the KServe v2 gRPC inference protocol on this port (same host; 0 picks a free one);
     None: no gRPC listener."""

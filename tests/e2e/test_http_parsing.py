@@ -3,7 +3,8 @@ the real gateway and to a stock uvicorn serving a trivial app, get the same verd
 
 A verdict is what a client can see: for each response on the connection, whether the parser refused
 the request (uvicorn's 400 "Invalid HTTP request received.") or the app answered it, and whether the
-connection was then closed. Both servers run httptools, as `radixgate serve` does.
+connection was then closed. Both run httptools: the gateway through `radixgate serve`'s protocol
+(uvicorn's own plus the head limits), the reference through stock uvicorn's.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ async def trivial_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 @pytest.fixture(scope="module")
 def stock_uvicorn() -> Iterator[GatewayServer]:
-    server = GatewayServer(trivial_app).start()  # type: ignore[arg-type]  # any ASGI app serves
+    server = GatewayServer(trivial_app, http="httptools").start()  # type: ignore[arg-type]  # any ASGI app
     yield server
     server.stop()
 
