@@ -25,7 +25,7 @@ from proxy.routes.keys import CreatedKey, KeyList, NewKey, RevokedKey
 from proxy.routes.models import MODELS_PATH
 from proxy.routes.usage import ADMIN_USAGE_PATH, USAGE_PATH, TenantUsage, UsageList
 from proxy.routing.admin import RemovedWorker, WorkerList, WorkerStatus
-from proxy.routing.config import WorkerSpec
+from proxy.routing.config import REMOTE_URL_PATTERN, WorkerSpec
 from proxy.schemas import HealthStatus, LiveStatus, ModelList, ReadyStatus
 
 METRICS_PATH = "/metrics"
@@ -77,10 +77,18 @@ def build_openapi() -> dict[str, Any]:
         ],
         ref_template=_REF,
     )
+    # A worker added over HTTP is a remote engine: the embedded one is `[local_engine]`'s alone.
+    worker = schemas["WorkerSpec"]["properties"]
+    worker["kind"]["enum"] = [kind for kind in worker["kind"]["enum"] if kind != "local"]
+    worker["url"]["pattern"] = REMOTE_URL_PATTERN
+    extras = schemas["CacheExtras"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):
+        plain = schemas[request]
+        # One object with both sets of fields: an `allOf` of two closed objects admits no instance.
         schemas["Cached" + request] = {
+            **{key: value for key, value in plain.items() if key not in ("title", "additionalProperties")},
             "description": "The OpenAI request plus the seed's cache extras (removed before forwarding).",
-            "allOf": [_ref(request), _ref("CacheExtras")],
+            "properties": {**plain["properties"], **extras["properties"]},
         }
     schemas["GenerationResponse"] = {
         "type": "object",
@@ -154,6 +162,7 @@ def build_openapi() -> dict[str, Any]:
                         "Create a key; it is shown in this answer only",
                         "CreatedKey",
                         ("400", "401", "403"),
+                        status="201",
                     ),
                     "requestBody": {
                         "required": True,
@@ -201,6 +210,7 @@ def build_openapi() -> dict[str, Any]:
                         "Add a worker while the gateway runs",
                         "WorkerStatus",
                         ("400", "401", "403", "409"),
+                        status="201",
                     ),
                     "requestBody": {
                         "required": True,
@@ -264,12 +274,14 @@ def _generation(operation_id: str, summary: str, request: str) -> dict[str, Any]
     }
 
 
-def _get(operation_id: str, summary: str, schema: str, errors: tuple[str, ...] = ()) -> dict[str, Any]:
+def _get(
+    operation_id: str, summary: str, schema: str, errors: tuple[str, ...] = (), *, status: str = "200"
+) -> dict[str, Any]:
     return {
         "operationId": operation_id,
         "summary": summary,
         "responses": {
-            "200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+            status: {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
             **_error_responses(errors),
         },
     }

@@ -51,9 +51,10 @@ logger = logging.getLogger("radixgate.pipeline")
 MAX_CLIENT_REQUEST_ID = 128
 """Longest client-supplied request id that is kept; longer ones are replaced."""
 
+# Not strict: JSON Schema (and OpenAI's own validation) take `2.0` for an integer, as msgspec then does.
 _decoders: dict[Operation, msgspec.json.Decoder[Any]] = {
-    "chat": msgspec.json.Decoder(ChatCompletionRequest),
-    "text_completion": msgspec.json.Decoder(CompletionRequest),
+    "chat": msgspec.json.Decoder(ChatCompletionRequest, strict=False),
+    "text_completion": msgspec.json.Decoder(CompletionRequest, strict=False),
 }
 
 

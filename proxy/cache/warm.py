@@ -47,7 +47,7 @@ class WarmRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     requests: list[dict[str, Any]] = msgspec.field(default_factory=list)
     """Whole chat or text-completion request bodies."""
     model: str | None = None
-    """The model for `prompts`."""
+    """The model for `prompts`; may be left out when the gateway serves one model."""
     prompts: list[str] = msgspec.field(default_factory=list)
     """Prompts to prefill (one-token completions, answers not stored)."""
 
@@ -76,10 +76,14 @@ async def warm(gateway: Gateway, tenant: Tenant, body: WarmRequest) -> WarmResul
     """Run every item of `body` (see the module docstring)."""
     if len(body.requests) + len(body.prompts) > MAX_WARM_ITEMS:
         raise ApiError(400, f"At most {MAX_WARM_ITEMS} requests and prompts per call.", code="too_many_items")
-    if body.prompts and body.model is None:
-        raise ApiError(400, "`model` is required with `prompts`.", param="model", code="missing_model")
+    model = body.model
+    if body.prompts and model is None:
+        served = gateway.router.model_ids()
+        if len(served) != 1:  # which model would be a guess
+            raise ApiError(400, "`model` is required with `prompts`.", param="model", code="missing_model")
+        model = served[0]
     items: list[tuple[str, dict[str, Any]]] = [("request", request) for request in body.requests]
-    items += [("prompt", _prefill_body(body.model or "", prompt)) for prompt in body.prompts]
+    items += [("prompt", _prefill_body(model or "", prompt)) for prompt in body.prompts]
     limit = asyncio.Semaphore(WARM_CONCURRENCY)
 
     async def run(index: int, kind: str, fields: dict[str, Any]) -> WarmItem:

@@ -7,16 +7,17 @@ DELETE /admin/keys/{id}     revoke it; 404 when no live key has that id
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from litestar import Router, delete, get, post
-from litestar.params import FromPath, JSONBody
+from litestar import Request, Router, delete, get, post
+from litestar.params import FromPath
 
 from proxy.auth import admin_guard
 from proxy.errors import ApiError
 from proxy.gateway import Gateway
 from proxy.keys import StoredKey
+from proxy.routes.options import options_handler
 
 TENANT_PATTERN = r"^[A-Za-z0-9._@:-]{1,128}$"
 
@@ -56,8 +57,15 @@ def _info(stored: StoredKey) -> KeyInfo:
 def keys_router(gateway: Gateway) -> Router:
     store = gateway.auth.runtime
 
-    @post("/keys", status_code=201, sync_to_thread=False)
-    def create_key(data: JSONBody[NewKey]) -> CreatedKey:
+    @post("/keys", status_code=201)
+    async def create_key(request: Request[Any, Any, Any]) -> CreatedKey:
+        # Decoded here, strictly: Litestar's own decoding would take `"admin": 0` for false.
+        try:
+            data = msgspec.json.decode(await request.body(), type=NewKey)
+        except msgspec.ValidationError as exc:
+            raise ApiError.invalid_body(exc) from None
+        except msgspec.DecodeError as exc:
+            raise ApiError.invalid_json(str(exc)) from None
         stored, key = store.create(data.tenant, data.admin)
         return CreatedKey(**msgspec.structs.asdict(_info(stored)), key=key)
 
@@ -72,5 +80,8 @@ def keys_router(gateway: Gateway) -> Router:
         return RevokedKey(id=key_id)
 
     return Router(
-        path="/admin", route_handlers=[create_key, list_keys, revoke_key], guards=[admin_guard(gateway.auth)]
+        path="/admin",
+        # The OPTIONS handler first: registered after the others, Litestar's automatic one would win.
+        route_handlers=[options_handler("/keys", ("GET", "POST")), create_key, list_keys, revoke_key],
+        guards=[admin_guard(gateway.auth)],
     )

@@ -18,6 +18,7 @@ from litestar.params import FromPath, JSONBody
 from litestar.types import Guard
 
 from proxy.errors import ApiError
+from proxy.routes.options import options_handler
 from proxy.routing.config import WorkerSpec
 from proxy.routing.pool import WorkerPool
 from proxy.routing.worker import Worker
@@ -125,8 +126,16 @@ def admin_router(
 
     @post("/workers", status_code=201)
     async def add_worker(data: JSONBody[WorkerSpec]) -> WorkerStatus:
+        if data.kind == "local" or not data.url.startswith(("http://", "https://")):
+            raise ApiError(
+                400,
+                "A worker added at run time is a remote engine (sglang, vllm or openai) at an http(s) URL; "
+                "the embedded engine is configured in [local_engine].",
+                param="kind",
+                code="invalid_worker",
+            )
         host = (urlsplit(data.url).hostname or "").lower()
-        if data.kind != "local" and host not in permitted:
+        if host not in permitted:
             raise ApiError(
                 403,
                 f"Workers may point only at {', '.join(sorted(permitted))} (`routing.allowed_worker_hosts`).",
@@ -155,5 +164,13 @@ def admin_router(
         return Response(body, status_code=202 if result.state == "draining" else 200)
 
     return Router(
-        path="/admin", route_handlers=[list_workers, add_worker, remove_worker], guards=list(guards)
+        path="/admin",
+        # The OPTIONS handler first: registered after the others, Litestar's automatic one would win.
+        route_handlers=[
+            options_handler("/workers", ("GET", "POST")),
+            list_workers,
+            add_worker,
+            remove_worker,
+        ],
+        guards=list(guards),
     )

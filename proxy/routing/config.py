@@ -64,9 +64,12 @@ DEFAULT_DRAIN_TIMEOUT_S = 300.0
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
+REMOTE_URL_PATTERN = r"^https?://[^/\s]+"
 WORKER_URL_PATTERN = r"^(https?://[^/\s]+|local://)"
 """An http(s) URL with a host, or `local://...` for the embedded engine."""
 WorkerUrl = Annotated[str, msgspec.Meta(pattern=WORKER_URL_PATTERN)]
+API_KEY_PATTERN = r"^[\x21-\x7e]+$"
+"""What an HTTP header can carry as a bearer token."""
 
 
 class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -87,8 +90,8 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     capacity_tokens: PositiveInt | None = None
     """KV capacity in tokens that sizes its routing tree; None asks the engine (SGLang, vLLM) or
     uses the default."""
-    api_key: str | None = None
-    """Bearer token radixgate sends to this worker (never the client's key)."""
+    api_key: Annotated[str, msgspec.Meta(pattern=API_KEY_PATTERN)] | None = None
+    """Bearer token radixgate sends to this worker (never the client's key); printable ASCII."""
 
     def __post_init__(self) -> None:
         if self.kind != "local" and not self.url.startswith(("http://", "https://")):
