@@ -6,12 +6,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from proxy.app import create_app
+from proxy.routing.config import WorkerSpec
 from tests.e2e.conftest import MODEL, gateway_settings
 from tests.gateway_server import GatewayServer
 from tests.upstream_server import CACHED_TOKENS, UpstreamServer
@@ -240,8 +242,24 @@ def test_warm_runs_requests_and_fills_the_response_cache(
     assert again["results"][0]["status"] == "already_cached"
 
 
-def test_warm_refuses_prompts_without_a_model(gateway: GatewayServer) -> None:
+def test_warm_prompts_without_a_model_take_the_one_served(
+    gateway: GatewayServer, upstream: UpstreamServer
+) -> None:
     response = httpx.post(f"{gateway.url}/cache/warm", json={"prompts": ["x"]})
+    assert response.status_code == 200
+    assert upstream.generation_requests()[-1].json["model"] == MODEL
+
+
+def test_warm_refuses_prompts_without_a_model_when_several_are_served(
+    upstream_server: UpstreamServer,
+) -> None:
+    settings = gateway_settings(upstream_server.url)
+    workers = [*settings.workers, WorkerSpec(url=upstream_server.url, models=["another-model"], id="second")]
+    server = GatewayServer(create_app(msgspec.structs.replace(settings, workers=workers))).start()
+    try:
+        response = httpx.post(f"{server.url}/cache/warm", json={"prompts": ["x"]})
+    finally:
+        server.stop()
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "model"
 
