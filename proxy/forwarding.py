@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -39,11 +40,15 @@ class RetryPolicy:
 
 
 class UpstreamStream:
-    """An engine stream whose first chunk has arrived. Iterate it for the rest, then `close`."""
+    """An engine stream whose first chunk has arrived. Iterate it for the rest, then `close`.
+
+    The time to first token is taken at the first chunk that carries output (content, reasoning or a
+    tool call): a chat stream opens with an empty role chunk, often long before the first token."""
 
     __slots__ = (
         "_ended",
         "_finish_reasons",
+        "_first_token_seen",
         "_iterator",
         "_lease",
         "_model",
@@ -65,6 +70,7 @@ class UpstreamStream:
         self._model: str | None = None
         self._finish_reasons: list[str] = []
         self._ended = False
+        self._first_token_seen = False
         self._observe(first)
 
     def __aiter__(self) -> UpstreamStream:
@@ -102,6 +108,12 @@ class UpstreamStream:
         if probe.id is not None and self._response_id is None:
             self._response_id = probe.id
             self._model = probe.model
+        if probe.carries_token:
+            if self._first_token_seen:
+                self._op.next_chunk()
+            else:
+                self._first_token_seen = True
+                self._op.first_chunk()
         for choice in probe.choices:
             if choice.finish_reason:
                 self._finish_reasons.append(choice.finish_reason)
@@ -123,8 +135,9 @@ class Forwarder:
         """A whole answer, from the first worker that gives one within the retry budget."""
         excluded: frozenset[str] = frozenset()
         last_error: EngineError | None = None
+        started = time.perf_counter()
         for attempt in range(self._retry.max_attempts):
-            lease, op = await self._start(request, excluded, last_error)
+            lease, op = await self._start(request, excluded, last_error, started)
             try:
                 completion = await lease.engine.complete(request)
             except EngineError as exc:
@@ -153,8 +166,9 @@ class Forwarder:
         """A stream whose first chunk has arrived; errors before it are retried like `complete`'s."""
         excluded: frozenset[str] = frozenset()
         last_error: EngineError | None = None
+        started = time.perf_counter()
         for attempt in range(self._retry.max_attempts):
-            lease, op = await self._start(request, excluded, last_error)
+            lease, op = await self._start(request, excluded, last_error, started)
             iterator = lease.engine.stream(request)
             try:
                 first = await iterator.__anext__()
@@ -172,12 +186,15 @@ class Forwarder:
             except BaseException as exc:
                 await _abandon(iterator, op, lease, exc)
                 raise
-            op.first_chunk()
             return UpstreamStream(first, iterator, lease, op)
         raise AssertionError("max_attempts >= 1 is enforced by the settings")
 
     async def _start(
-        self, request: EngineRequest, excluded: frozenset[str], last_error: EngineError | None
+        self,
+        request: EngineRequest,
+        excluded: frozenset[str],
+        last_error: EngineError | None,
+        started: float,
     ) -> tuple[WorkerLease, Operation]:
         try:
             lease = await self._router.acquire(request, exclude=excluded)
@@ -187,6 +204,7 @@ class Forwarder:
                 raise last_error from None
             raise
         op = self._telemetry.start_operation(request, lease.engine)
+        op.request_started = started  # the server-side timings count retries and their backoff
         request.trace_headers = op.trace_headers
         return lease, op
 
