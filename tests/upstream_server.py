@@ -205,7 +205,8 @@ class UpstreamServer:
                 break
             if fault.chunk_delay_s:
                 await asyncio.sleep(fault.chunk_delay_s)
-            carries_text = any(c.get("text") or (c.get("delta") or {}).get("content") for c in chunk["choices"])
+            choices = chunk["choices"]
+            carries_text = any(c.get("text") or (c.get("delta") or {}).get("content") for c in choices)
             if carries_text and request.first_token_sent_at is None and fault.first_token_delay_s:
                 await asyncio.sleep(fault.first_token_delay_s)
             writer.write(conn.send(h11.Data(data=f"data: {json.dumps(chunk)}\n\n".encode())) or b"")

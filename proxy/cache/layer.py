@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.handlers import BaseRouteHandler
+from opentelemetry.trace import Tracer
 
 from cachelayer.admission import AdmissionGate
 from cachelayer.disk import CacheDirLockedError
@@ -46,6 +47,7 @@ class CacheLayer:
         responses: ResponseCache | None,
         monitor: CacheMonitor,
         router: Router,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -53,13 +55,18 @@ class CacheLayer:
         self.monitor = monitor
         self.router = router
         admission = AdmissionGate(settings.admission, min_hit_rate=settings.admission_min_hit_rate)
-        self.step = ResponseCacheStep(responses, monitor, admission)
+        self.step = ResponseCacheStep(responses, monitor, admission, tracer)
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, registry: MetricsRegistry | None, router: Router
+        cls,
+        settings: Settings,
+        registry: MetricsRegistry | None,
+        router: Router,
+        tracer: Tracer | None = None,
     ) -> CacheLayer:
-        """Open the store (and its L3 directory) and register the metrics when monitoring is on.
+        """Open the store (and its L3 directory) and register the metrics when monitoring is on;
+        `tracer` gives each lookup a span.
 
         Raises `SettingsError` naming the key when the configuration is invalid or the directory unusable.
         """
@@ -80,7 +87,7 @@ class CacheLayer:
         monitor = CacheMonitor(
             trend_interval_s=monitoring.collection_interval_seconds, sample_trends=monitoring.enabled
         )
-        layer = cls(config, settings.cache, responses, monitor, router)
+        layer = cls(config, settings.cache, responses, monitor, router, tracer)
         if registry is not None and monitoring.enabled:
             monitor.profile = metrics.register(
                 registry,

@@ -80,7 +80,7 @@ def _healthy_per_model(workers: list[Worker]) -> Metric:
         labels=["model"],
     )
     for model, count in sorted(healthy.items()):
-        family.add_metric([model], float(count))  # type: ignore[no-untyped-call]
+        family.add_metric([model], float(count))
     return family
 
 

@@ -180,3 +180,13 @@ ROUTING_WORKER_TREE_TOKENS_METRIC: Final = "routing_worker_tree_tokens"
 ROUTING_WORKER_UP_METRIC: Final = "routing_worker_up"
 ROUTING_WORKER_BREAKER_OPEN_METRIC: Final = "routing_worker_breaker_open"
 ROUTING_MODEL_HEALTHY_WORKERS_METRIC: Final = "routing_model_healthy_workers"
+
+# ---- response cache (radixgate's own names) ----
+
+RESPONSE_CACHE_SPAN_NAME: Final = "radixgate.response_cache"
+"""INTERNAL span of one response-cache lookup; on a hit it also covers the replay."""
+RESPONSE_CACHE_HIT: Final = "radixgate.response_cache.hit"
+"""True when the stored answer was replayed and no engine was called."""
+RESPONSE_CACHE_OUTCOME: Final = "radixgate.response_cache.outcome"
+"""`hit`, `miss` or `refresh` (`Cache-Control: no-cache`: no lookup, the answer is stored)."""
+RESPONSE_CACHE_LOOKUP_SECONDS: Final = "radixgate.response_cache.lookup_seconds"

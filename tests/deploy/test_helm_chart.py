@@ -97,7 +97,9 @@ def test_the_pod_is_locked_down_and_probed_on_the_health_paths() -> None:
     assert container["resources"]["requests"] and container["resources"]["limits"]
 
 
-def _gateway_view(objects: dict[tuple[str, str], dict[str, Any]], tmp_path: Path) -> tuple[Path, dict[str, str]]:
+def _gateway_view(
+    objects: dict[tuple[str, str], dict[str, Any]], tmp_path: Path
+) -> tuple[Path, dict[str, str]]:
     """The config file and environment the gateway container would see."""
     deployment = objects[("Deployment", "rg-radixgate")]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -149,4 +151,4 @@ def test_a_changed_config_rolls_the_pods() -> None:
         return json.dumps(annotations, sort_keys=True)
 
     assert checksum() == checksum()
-    assert checksum() != checksum("--set", "config=[server]\nlog_level = \"debug\"\n")
+    assert checksum() != checksum("--set", 'config=[server]\nlog_level = "debug"\n')

@@ -136,7 +136,7 @@ def test_rules_evaluate_cleanly_and_a_killed_worker_fires_worker_down(
     assert _alerts_named(prometheus, "RadixgateNoHealthyWorker") == []  # w1 still serves the model
 
     workers[1].kill()
-    wait_until(lambda: bool(_alerts_named(prometheus, "RadixgateNoHealthyWorker")), "RadixgateNoHealthyWorker")
+    wait_until(lambda: bool(_alerts_named(prometheus, "RadixgateNoHealthyWorker")), "NoHealthyWorker")
     assert _alerts_named(prometheus, "RadixgateNoHealthyWorker")[0]["model"] == MODEL
 
 

@@ -21,7 +21,7 @@ class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
         self.span_names: list[str] = []
         self.received = threading.Event()
 
-    def Export(  # noqa: N802  (the generated service's method name)
+    def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         for resource_spans in request.resource_spans:
