@@ -23,6 +23,7 @@ from cachelayer.stats import StoreSnapshot
 from cachelayer.tiers import TieredStore
 from proxy.cache import metrics
 from proxy.cache.admin_routes import admin_handlers
+from proxy.cache.alerts import AlertBook
 from proxy.cache.cached_routes import cached_handlers
 from proxy.cache.config import ContextCacheConfig, cache_config
 from proxy.cache.counters import CacheMonitor
@@ -56,6 +57,8 @@ class CacheLayer:
         self.router = router
         admission = AdmissionGate(settings.admission, min_hit_rate=settings.admission_min_hit_rate)
         self.step = ResponseCacheStep(responses, monitor, admission, tracer)
+        self.alerts = AlertBook()
+        """Since when each alert of `/v1/cache/stats` has held."""
 
     @classmethod
     def from_settings(
