@@ -11,6 +11,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from proxy.routing.engine_series import EngineSeries
 from proxy.routing.policies import Decision
 from proxy.routing.worker import Worker
 from proxy.telemetry import semconv
@@ -113,6 +114,7 @@ class RoutingObserver:
         """Register the series (once per registry) and pick the tracer."""
         if registry is not None:
             registry.add_collector(_WorkerGauges(workers))
+            registry.add_collector(EngineSeries(workers))
         return cls(tracer=tracer or trace.get_tracer(semconv.INSTRUMENTATION_SCOPE), registry=registry)
 
     def decided(
