@@ -17,6 +17,7 @@ from adapters.local import LocalEngineConfig
 from proxy.app import create_app
 from proxy.cache.settings import CacheSettings
 from proxy.settings import Settings
+from tests.deploy.artifacts import every_named_metric
 from tests.gateway_server import GatewayServer
 
 pytestmark = pytest.mark.slow
@@ -105,3 +106,10 @@ def test_every_engine_series_moves_under_load(gateway: GatewayServer) -> None:
         after[("radixgate_engine_inter_token_latency_seconds_bucket", "+Inf")]
         == after[("radixgate_engine_inter_token_latency_seconds_count", "")]
     )
+
+
+def test_the_dashboards_name_only_engine_series_the_gateway_exports(gateway: GatewayServer) -> None:
+    exported = {name for name, _ in samples(gateway)}
+    named = {name for name in every_named_metric() if name.startswith("radixgate_engine_")}
+    assert len(named) >= 8
+    assert named <= exported
