@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "RadixgateTimeToFirstTokenSLO",
     "RadixgateResponseCacheHitRateCollapse",
     "RadixgateDiskTierNearCapacity",
+    "RadixgateCacheTierErrors",
 }
 
 
