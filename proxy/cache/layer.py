@@ -91,6 +91,8 @@ class CacheLayer:
             trend_interval_s=monitoring.collection_interval_seconds, sample_trends=monitoring.enabled
         )
         layer = cls(config, settings.cache, responses, monitor, router, tracer)
+        if registry is not None:
+            monitor.hit_seconds = metrics.hit_histogram(registry)
         if registry is not None and monitoring.enabled:
             monitor.profile = metrics.register(
                 registry,

@@ -171,6 +171,8 @@ class ResponseCacheStep:
             finally:
                 if span is not None:
                     span.end()
+            if self.monitor.hit_seconds is not None:
+                self.monitor.hit_seconds.observe(time.perf_counter() - started)
             return
         if span is not None:
             span.end()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
@@ -61,6 +62,11 @@ def test_a_response_cache_hit_has_its_own_span_and_calls_no_worker(
     clients = [s for s in finished if s.kind is SpanKind.CLIENT]
     assert [c.parent.span_id for c in clients if c.parent] == [servers[0].context.span_id]
     assert len(upstream.generation_requests()) == 1
+    metrics = httpx.get(f"{recorded.server.base_url}/metrics", timeout=5).text
+    (count,) = [
+        line for line in metrics.splitlines() if line.startswith("radixgate_response_cache_hit_seconds_count")
+    ]
+    assert float(count.split()[-1]) == 1.0
 
 
 def test_a_stream_records_the_server_metrics_and_time_per_output_chunk(
