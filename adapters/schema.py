@@ -119,7 +119,7 @@ class ChoiceProbe(msgspec.Struct, kw_only=True):
 
     @property
     def carries_token(self) -> bool:
-        """True when the chunk holds generated output: text, content, reasoning or a tool call
+        """True when the choice holds generated output: text, content, reasoning or a tool call
         (not the empty role chunk a chat stream opens with)."""
         if self.text:
             return True
@@ -142,10 +142,6 @@ class ResponseProbe(msgspec.Struct, kw_only=True):
     choices: list[ChoiceProbe] = msgspec.field(default_factory=list)
     usage: Usage | None = None
     error: ErrorProbe | None = None
-
-    @property
-    def carries_token(self) -> bool:
-        return any(choice.carries_token for choice in self.choices)
 
 
 def probe_response(payload: bytes) -> ResponseProbe:

@@ -108,15 +108,20 @@ class UpstreamStream:
         if probe.id is not None and self._response_id is None:
             self._response_id = probe.id
             self._model = probe.model
-        if probe.carries_token:
+        # Output is looked for until the first token, and after it only when chunk gaps are timed.
+        look = not self._first_token_seen or self._op.times_chunks
+        output = False
+        for choice in probe.choices:
+            if choice.finish_reason:
+                self._finish_reasons.append(choice.finish_reason)
+            if look and not output:
+                output = choice.carries_token
+        if output:
             if self._first_token_seen:
                 self._op.next_chunk()
             else:
                 self._first_token_seen = True
                 self._op.first_chunk()
-        for choice in probe.choices:
-            if choice.finish_reason:
-                self._finish_reasons.append(choice.finish_reason)
         if probe.usage is not None:
             self._usage = probe.usage
 

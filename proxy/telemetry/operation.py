@@ -147,6 +147,7 @@ class Operation:
         "_span",
         "_started",
         "request_started",
+        "times_chunks",
         "trace_headers",
     )
 
@@ -167,6 +168,8 @@ class Operation:
         """`perf_counter()` when the client's request reached the forwarder (before any retry)."""
         self._first_chunk_at: float | None = None
         self._last_chunk_at = 0.0
+        self.times_chunks = instruments is not None
+        """True when `next_chunk` records (a meter is configured): the caller may skip calling it."""
         self._ended = False
         self._metric_attributes: dict[str, AttributeValue] = {}
         if instruments is not None:
