@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.cache.settings import CacheSettings
-from tests.deploy.artifacts import PROMETHEUS_OWN, every_named_metric
+from tests.deploy.artifacts import PROMETHEUS_OWN, alert_rules, every_named_metric
 from tests.e2e.conftest import MODEL, gateway_settings
 from tests.gateway_server import GatewayServer
 from tests.upstream_server import Fault, UpstreamServer
@@ -58,9 +58,7 @@ def test_every_metric_the_dashboards_and_rules_name_is_exported(exported: set[st
     assert missing == {}
 
 
-def test_the_rules_name_only_radixgate_series_and_prometheus_own(exported: set[str]) -> None:
-    from tests.deploy.artifacts import alert_rules
-
+def test_the_rules_name_only_radixgate_series_and_prometheus_own() -> None:
     for rule in alert_rules():
         if "radixgate_" not in rule["expr"]:
             assert rule["expr"].split("{")[0] in PROMETHEUS_OWN
