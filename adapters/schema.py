@@ -121,9 +121,29 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.prompt_tokens_details.cached_tokens if self.prompt_tokens_details else None
 
 
+class DeltaProbe(msgspec.Struct, kw_only=True):
+    """What a chat stream chunk's `delta` carries; tool calls are left undecoded."""
+
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: msgspec.Raw | None = None
+
+
 class ChoiceProbe(msgspec.Struct, kw_only=True):
     index: int = 0
     finish_reason: str | None = None
+    delta: DeltaProbe | None = None
+    text: str | None = None
+    """A completions (not chat) chunk's text."""
+
+    @property
+    def carries_token(self) -> bool:
+        """True when the choice holds generated output: text, content, reasoning or a tool call
+        (not the empty role chunk a chat stream opens with)."""
+        if self.text:
+            return True
+        delta = self.delta
+        return delta is not None and bool(delta.content or delta.reasoning_content or delta.tool_calls)
 
 
 class ErrorProbe(msgspec.Struct, kw_only=True):

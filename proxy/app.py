@@ -39,7 +39,7 @@ def create_app(
     telemetry = telemetry or Telemetry.from_settings(settings.telemetry, service_version=__version__)
     router = router or build_pool(settings, telemetry)
     forwarder = Forwarder(router, telemetry, RetryPolicy.from_settings(settings.routing))
-    cache = CacheLayer.from_settings(settings, telemetry.prometheus, router)
+    cache = CacheLayer.from_settings(settings, telemetry.prometheus, router, tracer=telemetry.tracer)
     ledger = UsageLedger(ledger_path(settings))
     keys = KeyStore(ledger_path(settings))
     gateway = Gateway(

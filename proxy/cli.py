@@ -14,8 +14,10 @@ A bad setting prints one line naming the key and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -23,7 +25,9 @@ from typing import Any
 
 from proxy import __version__
 from proxy.auth import hash_key, is_loopback
-from proxy.config import SettingsError, load_settings, masked
+from proxy.banner import startup_banner
+from proxy.cache.config import cache_config
+from proxy.config import SettingsError, config_file_path, load_settings, masked
 from proxy.routing.config import POLICY_NAMES, parse_worker_arg
 from proxy.settings import Settings
 
@@ -175,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_STARTUP_FAILED
         finally:
             signal.signal(signal.SIGTERM, previous)
+        logging.getLogger("radixgate").info("%s", startup_banner(settings, config_file_path(args.config)))
         return _run(settings, create_app)
 
 
@@ -220,9 +225,30 @@ def _warn_if_open(settings: Settings) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    data = masked(_settings(args))
-    print(json.dumps(data, indent=2) if args.format == "json" else to_toml(data), end="\n")
+    settings = _settings(args)
+    data = with_preset_values(masked(settings), settings)
+    text = json.dumps(data, indent=2) + "\n" if args.format == "json" else to_toml(data)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `radixgate config show | head`: the reader has all it wanted
+        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+PRESET_SECTIONS = ("kv_cache", "speculative", "sliding_window", "monitoring")
+"""Sections whose unset keys the `cache.preset` fills in (`proxy.cache.config.ContextCacheConfig`)."""
+
+
+def with_preset_values(data: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """`data` (the settings as plain data) with each preset section's effective values."""
+    config = cache_config(settings)
+    for section in PRESET_SECTIONS:
+        effective = dataclasses.asdict(getattr(config, section))
+        keys = type(getattr(settings, section)).__struct_fields__
+        data[section] = {key: effective[key] for key in keys if key in effective}
+    return data
 
 
 def _hash_key(args: argparse.Namespace) -> int:

@@ -84,6 +84,12 @@ def masked(settings: Settings) -> dict[str, Any]:
     return data
 
 
+def config_file_path(config_file: str | None = None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The TOML file `load_settings` reads: `config_file`, else `$RADIXGATE_CONFIG`, else
+    ./radixgate.toml when it exists; None when there is none."""
+    return _config_path(config_file, os.environ if environ is None else environ)
+
+
 def _config_path(config_file: str | None, environ: Mapping[str, str]) -> Path | None:
     if config_file is None:
         config_file = environ.get(CONFIG_ENV)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -39,11 +40,15 @@ class RetryPolicy:
 
 
 class UpstreamStream:
-    """An engine stream whose first chunk has arrived. Iterate it for the rest, then `close`."""
+    """An engine stream whose first chunk has arrived. Iterate it for the rest, then `close`.
+
+    The time to first token is taken at the first chunk that carries output (content, reasoning or a
+    tool call): a chat stream opens with an empty role chunk, often long before the first token."""
 
     __slots__ = (
         "_ended",
         "_finish_reasons",
+        "_first_token_seen",
         "_iterator",
         "_lease",
         "_model",
@@ -65,6 +70,7 @@ class UpstreamStream:
         self._model: str | None = None
         self._finish_reasons: list[str] = []
         self._ended = False
+        self._first_token_seen = False
         self._observe(first)
 
     @property
@@ -107,9 +113,20 @@ class UpstreamStream:
         if probe.id is not None and self._response_id is None:
             self._response_id = probe.id
             self._model = probe.model
+        # Output is looked for until the first token, and after it only when chunk gaps are timed.
+        look = not self._first_token_seen or self._op.times_chunks
+        output = False
         for choice in probe.choices:
             if choice.finish_reason:
                 self._finish_reasons.append(choice.finish_reason)
+            if look and not output:
+                output = choice.carries_token
+        if output:
+            if self._first_token_seen:
+                self._op.next_chunk()
+            else:
+                self._first_token_seen = True
+                self._op.first_chunk()
         if probe.usage is not None:
             self._usage = probe.usage
 
@@ -128,8 +145,9 @@ class Forwarder:
         """A whole answer, from the first worker that gives one within the retry budget."""
         excluded: frozenset[str] = frozenset()
         last_error: EngineError | None = None
+        started = time.perf_counter()
         for attempt in range(self._retry.max_attempts):
-            lease, op = await self._start(request, excluded, last_error)
+            lease, op = await self._start(request, excluded, last_error, started)
             try:
                 completion = await lease.engine.complete(request)
             except EngineError as exc:
@@ -158,8 +176,9 @@ class Forwarder:
         """A stream whose first chunk has arrived; errors before it are retried like `complete`'s."""
         excluded: frozenset[str] = frozenset()
         last_error: EngineError | None = None
+        started = time.perf_counter()
         for attempt in range(self._retry.max_attempts):
-            lease, op = await self._start(request, excluded, last_error)
+            lease, op = await self._start(request, excluded, last_error, started)
             iterator = lease.engine.stream(request)
             try:
                 first = await iterator.__anext__()
@@ -177,12 +196,15 @@ class Forwarder:
             except BaseException as exc:
                 await _abandon(iterator, op, lease, exc)
                 raise
-            op.first_chunk()
             return UpstreamStream(first, iterator, lease, op)
         raise AssertionError("max_attempts >= 1 is enforced by the settings")
 
     async def _start(
-        self, request: EngineRequest, excluded: frozenset[str], last_error: EngineError | None
+        self,
+        request: EngineRequest,
+        excluded: frozenset[str],
+        last_error: EngineError | None,
+        started: float,
     ) -> tuple[WorkerLease, Operation]:
         try:
             lease = await self._router.acquire(request, exclude=excluded)
@@ -192,6 +214,7 @@ class Forwarder:
                 raise last_error from None
             raise
         op = self._telemetry.start_operation(request, lease.engine)
+        op.request_started = started  # the server-side timings count retries and their backoff
         request.trace_headers = op.trace_headers
         return lease, op
 

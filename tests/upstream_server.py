@@ -39,6 +39,8 @@ class Fault:
     message: str = "injected failure"
     chunk_delay_s: float = 0.0
     """Wait this long before each stream chunk."""
+    first_token_delay_s: float = 0.0
+    """Wait this long after the opening role chunk, before the first chunk that carries text."""
     drop_after_chunks: int | None = None
     """Cut the connection after this many chunks (0: before any response byte)."""
     inband_error_after_chunks: int | None = None
@@ -56,6 +58,10 @@ class ReceivedRequest:
     disconnected: threading.Event = field(default_factory=threading.Event)
     """Set when the client closed the connection before the answer was complete."""
     disconnected_at: float | None = None
+    received_at: float = field(default_factory=time.perf_counter)
+    """When the whole request had arrived (`time.perf_counter()`, comparable within the process)."""
+    first_token_sent_at: float | None = None
+    """When the first stream chunk carrying text was written."""
 
     @property
     def json(self) -> Any:
@@ -176,12 +182,13 @@ class UpstreamServer:
         if not body.get("stream"):
             await _send_json(conn, writer, 200, _completion(body, chat, next(self._ids)))
             return True
-        return await self._stream(conn, writer, body, chat, fault)
+        return await self._stream(conn, writer, request, body, chat, fault)
 
     async def _stream(
         self,
         conn: h11.Connection,
         writer: asyncio.StreamWriter,
+        request: ReceivedRequest,
         body: dict[str, Any],
         chat: bool,
         fault: Fault,
@@ -201,8 +208,14 @@ class UpstreamServer:
                 break
             if fault.chunk_delay_s:
                 await asyncio.sleep(fault.chunk_delay_s)
+            choices = chunk["choices"]
+            carries_text = any(c.get("text") or (c.get("delta") or {}).get("content") for c in choices)
+            if carries_text and request.first_token_sent_at is None and fault.first_token_delay_s:
+                await asyncio.sleep(fault.first_token_delay_s)
             writer.write(conn.send(h11.Data(data=f"data: {json.dumps(chunk)}\n\n".encode())) or b"")
             await writer.drain()
+            if carries_text and request.first_token_sent_at is None:
+                request.first_token_sent_at = time.perf_counter()
         else:
             writer.write(conn.send(h11.Data(data=b"data: [DONE]\n\n")) or b"")
         writer.write(conn.send(h11.EndOfMessage()) or b"")

@@ -14,9 +14,11 @@ directory is written under a temporary name and renamed, so a crash never leaves
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from tokenizers import Tokenizer
 from adapters.local.config import UnsupportedModelError
 from adapters.local.gguf_convert import ModelSpec, read_gguf
 from adapters.local.tokenizer import SpecialTokens, build_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _HASH_CHUNK = 1 << 22
 CACHE_LAYOUT = "v6"
@@ -74,6 +78,13 @@ def load_checkpoint(path: Path, cache_dir: Path) -> Checkpoint:
             special=meta.special,
             sha256=sha,
         )
+    started = time.monotonic()
+    logger.info(
+        "converting %s (%d MiB) for this engine; first start only, cached in %s",
+        path.name,
+        path.stat().st_size >> 20,
+        entry,
+    )
     contents = read_gguf(path)
     vocab = contents.vocab
     special = SpecialTokens(
@@ -87,6 +98,7 @@ def load_checkpoint(path: Path, cache_dir: Path) -> Checkpoint:
         sha256=sha,
     )
     _write_cache(entry, checkpoint)
+    logger.info("converted %s in %.1f s", path.name, time.monotonic() - started)
     return checkpoint
 
 

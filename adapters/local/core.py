@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.engine_stats import INTER_TOKEN_BUCKETS, LatencyFigures, LatencyHistogram
 from adapters.errors import EngineError, EngineOverloaded
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
@@ -60,6 +61,10 @@ class EngineStats:
     """The pool's reserved size; resident memory grows only with the pages used."""
     evicted_tokens: int
     """Cached tokens evicted to make room or to respect `max_cached_tokens`, since start."""
+    queue_time: LatencyFigures
+    """Seconds from submission to first admission, per request, since start."""
+    inter_token_latency: LatencyFigures
+    """Seconds between two consecutive tokens of one sequence, since start."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -95,6 +100,7 @@ class EngineCore:
         self._jobs: dict[int, list[Sequence]] = {}
         self._queued = 0
         self._stopping = False
+        self._inter_token = LatencyHistogram(INTER_TOKEN_BUCKETS)
         self._stats = self._snapshot()
         self._stats_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="radixgate-local-engine", daemon=True)
@@ -226,11 +232,15 @@ class EngineCore:
         started = finished = False
         bias_greedy_rows(output.logits, [seq.params for seq in output.sampled])
         argmax = output.logits.argmax(dim=-1).tolist()
+        now = time.monotonic()
         for row, seq in enumerate(output.sampled):
             group = [seq]
             if seq.forks and seq.output_len == 0:
                 group += self.scheduler.fork(seq)
             for member in group:
+                if member.output_len:
+                    self._inter_token.observe(now - member.last_token_at)
+                member.last_token_at = now
                 delta = self._sample(member, output.logits[row], argmax[row])
                 events.setdefault(member.job.job_id, []).append(delta)
                 started = started or member.output_len == 1
@@ -311,4 +321,6 @@ class EngineCore:
             weight_bytes=self.runner.model.weight_bytes,
             kv_pool_bytes=pool.nbytes,
             evicted_tokens=self.cache.evicted_pages * pool.page_size,
+            queue_time=self.scheduler.queue_time.figures(),
+            inter_token_latency=self._inter_token.figures(),
         )

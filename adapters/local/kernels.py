@@ -27,6 +27,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -238,6 +239,8 @@ def _built(compiler: Path, directory: Path) -> Path:
     if target.is_file():
         return target
     directory.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    logger.info("building the CPU kernels with %s; first start only, cached in %s", compiler.name, target)
     with tempfile.TemporaryDirectory(dir=directory) as staging:
         staged = Path(staging) / target.name
         done = subprocess.run(
@@ -249,6 +252,7 @@ def _built(compiler: Path, directory: Path) -> Path:
         if done.returncode != 0:
             raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr else "")
         os.replace(staged, target)
+    logger.info("built the CPU kernels in %.1f s", time.monotonic() - started)
     return target
 
 

@@ -20,9 +20,11 @@ The scheduler deals in page ids and token counts; tensors belong to the runner.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from adapters.engine_stats import QUEUE_TIME_BUCKETS, LatencyHistogram
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
@@ -63,6 +65,8 @@ class Scheduler:
         self._reserved: dict[int, list[int]] = {}  # seq_id -> pages set aside for its forks' copies
         self._order = itertools.count()
         self.preemptions = 0
+        self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
+        """Seconds from submission to first admission, per request."""
 
     def add(self, seq: Sequence) -> None:
         """Queue a group leader (its sibling choices ride in `seq.forks`)."""
@@ -173,6 +177,9 @@ class Scheduler:
         )
 
     def _start(self, seq: Sequence) -> None:
+        if seq.queued_at is not None:
+            self.queue_time.observe(time.monotonic() - seq.queued_at)
+            seq.queued_at = None
         seq.status = Status.RUNNING
         seq.admitted_at = next(self._order)
         self.running.append(seq)

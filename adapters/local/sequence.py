@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -68,6 +69,8 @@ class GenerationJob:
     params: SamplingParams
     salt: str
     sink: Sink
+    submitted_at: float = field(default_factory=time.monotonic)
+    """When the request was handed to the engine (its queue time starts here)."""
 
 
 class Status(enum.Enum):
@@ -89,10 +92,12 @@ class Sequence:
         "finish_reason",
         "forks",
         "job",
+        "last_token_at",
         "lock",
         "num_computed",
         "pages",
         "prompt_len",
+        "queued_at",
         "reports_cache",
         "sampler",
         "seq_id",
@@ -129,6 +134,10 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.admitted_at = 0
+        self.queued_at: float | None = job.submitted_at
+        """Cleared at the first admission, when the queue time is taken (a preemption's wait is not)."""
+        self.last_token_at = 0.0
+        """`time.monotonic()` of the latest token (for the inter-token latency)."""
 
     @property
     def params(self) -> SamplingParams:

@@ -66,6 +66,7 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
             layer.monitor,
             gateway.router,
             layer.step.admission,
+            layer.alerts,
             enabled=layer.responses is not None,
             shared=layer.settings.share_across_tenants,
         )

@@ -79,6 +79,8 @@ class CacheMonitor:
     sample_trends: bool = True
     profile: Histogram | None = None
     """`radixgate_cache_operation_seconds{operation}` when detailed profiling is on."""
+    hit_seconds: Histogram | None = None
+    """`radixgate_response_cache_hit_seconds` when the gateway exports metrics."""
     trend: deque[TrendPoint] = field(default_factory=deque)
     clock: Callable[[], float] = time.time
     _next_sample: float = 0.0

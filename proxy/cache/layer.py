@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from opentelemetry.trace import Tracer
 
 from cachelayer.admission import AdmissionGate
 from cachelayer.disk import CacheDirLockedError
@@ -20,6 +21,7 @@ from cachelayer.responses import ResponseCache
 from cachelayer.stats import StoreSnapshot
 from cachelayer.tiers import TieredStore
 from proxy.cache import metrics
+from proxy.cache.alerts import AlertBook
 from proxy.cache.config import ContextCacheConfig, cache_config
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.settings import CacheSettings, CacheSettingsError
@@ -42,6 +44,7 @@ class CacheLayer:
         responses: ResponseCache | None,
         monitor: CacheMonitor,
         router: WorkerPool,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -49,13 +52,20 @@ class CacheLayer:
         self.monitor = monitor
         self.router = router
         admission = AdmissionGate(settings.admission, min_hit_rate=settings.admission_min_hit_rate)
-        self.step = ResponseCacheStep(responses, monitor, admission)
+        self.step = ResponseCacheStep(responses, monitor, admission, tracer)
+        self.alerts = AlertBook()
+        """Since when each alert of `/v1/cache/stats` has held."""
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, registry: MetricsRegistry | None, router: WorkerPool
+        cls,
+        settings: Settings,
+        registry: MetricsRegistry | None,
+        router: WorkerPool,
+        tracer: Tracer | None = None,
     ) -> CacheLayer:
-        """Open the store (and its L3 directory) and register the metrics when monitoring is on.
+        """Open the store (and its L3 directory) and register the metrics when monitoring is on;
+        `tracer` gives each lookup a span.
 
         Raises `SettingsError` naming the key when the configuration is invalid or the directory unusable.
         """
@@ -76,7 +86,9 @@ class CacheLayer:
         monitor = CacheMonitor(
             trend_interval_s=monitoring.collection_interval_seconds, sample_trends=monitoring.enabled
         )
-        layer = cls(config, settings.cache, responses, monitor, router)
+        layer = cls(config, settings.cache, responses, monitor, router, tracer)
+        if registry is not None:
+            monitor.hit_seconds = metrics.hit_histogram(registry)
         if registry is not None and monitoring.enabled:
             monitor.profile = metrics.register(
                 registry,

@@ -13,6 +13,7 @@
     radixgate_cache_radix_tree_tokens{worker,tree}     tokens in each routing tree (tree="router")
                                                        and engine radix cache (tree="engine")
     radixgate_cache_operation_seconds{operation}       lookup/store time (detailed profiling only)
+    radixgate_response_cache_hit_seconds               a hit answered: lookup and replay, by the step
 
 The counters are the tiers' own, so nothing is counted twice on the request path. The embedded
 engine's store of offloaded KV pages adds its tiers as `tier="kv_l2"` (memory) and `tier="kv_l3"` (disk).
@@ -110,6 +111,17 @@ class CacheCollector:
         for engine in radix.engines:
             tokens.add_metric([engine.worker, "engine"], float(engine.cached_tokens))
         yield tokens
+
+
+HIT_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5)
+"""Seconds; a hit from memory is answered in tens of microseconds, one from disk or Redis in ms."""
+
+
+def hit_histogram(registry: MetricsRegistry) -> Histogram:
+    """Seconds per response-cache hit, from the lookup to the replay's last byte."""
+    return registry.histogram(
+        "response_cache_hit_seconds", "Seconds to answer a response-cache hit.", buckets=HIT_BUCKETS
+    )
 
 
 def register(

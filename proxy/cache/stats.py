@@ -30,13 +30,12 @@ import msgspec
 
 from cachelayer.admission import AdmissionGate
 from cachelayer.stats import StoreSnapshot, TierSnapshot
+from proxy.cache.alerts import Alert, AlertBook, conditions
 from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
 from proxy.routing.pool import WorkerPool
 
-FULL_FRACTION = 0.95
-"""A tier holding at least this fraction of its byte budget, and evicting, raises an `info` alert."""
 NOT_IMPLEMENTED = "radixgate does not implement this feature; the figures are zero, not measured"
 
 
@@ -175,13 +174,6 @@ class OverallStats(msgspec.Struct, kw_only=True):
     background_tasks_active: bool = False
 
 
-class Alert(msgspec.Struct, kw_only=True):
-    level: str
-    """"warning" or "info"."""
-    source: str
-    message: str
-
-
 class TrendSample(msgspec.Struct, kw_only=True):
     at: float
     lookups: int
@@ -216,6 +208,7 @@ def build_stats(
     monitor: CacheMonitor,
     router: WorkerPool,
     admission: AdmissionGate,
+    alert_book: AlertBook,
     *,
     enabled: bool,
     shared: bool,
@@ -225,6 +218,7 @@ def build_stats(
     offloads = kv_offloads(router)
     every = tiers + tuple(tier for _, figures in offloads for tier in figures.store.tiers)
     radix = radix_stats(router)
+    workers = router.workers() if isinstance(router, WorkerPool) else []
     memory = sum(t.bytes or 0 for t in every if t.kind == "memory")
     total = monitor.total
     mean_lookup = monitor.lookup_seconds / monitor.timed_lookups if monitor.timed_lookups else 0.0
@@ -243,7 +237,7 @@ def build_stats(
             operations_per_second=round(monitor.lookups_per_second(), 3),
             avg_response_time_us=round(mean_lookup * 1e6, 2),
         ),
-        alerts=alerts(every),
+        alerts=alert_book.evaluate(conditions(every, workers, monitor)),
         trends=Trends(
             window_seconds=monitor.trend_window_s,
             interval_seconds=monitor.trend_interval_s,
@@ -341,33 +335,3 @@ def radix_stats(router: WorkerPool) -> RadixTreeStats:
         workers=trees,
         engines=engines,
     )
-
-
-def alerts(tiers: tuple[TierSnapshot, ...]) -> list[Alert]:
-    """Conditions an operator should see, from the tiers' counters now."""
-    found: list[Alert] = []
-    for tier in tiers:
-        if tier.errors:
-            what = "failed calls" if tier.kind == "redis" else "corrupt or unwritable entries"
-            found.append(
-                Alert(
-                    level="warning",
-                    source=tier.name,
-                    message=f"{tier.errors} {what} so far, answered as misses",
-                )
-            )
-        full = (
-            tier.capacity_bytes
-            and tier.bytes is not None
-            and tier.bytes >= FULL_FRACTION * tier.capacity_bytes
-        )
-        if full and tier.evictions:
-            found.append(
-                Alert(
-                    level="info",
-                    source=tier.name,
-                    message=f"tier is full ({tier.bytes} of {tier.capacity_bytes} bytes); "
-                    f"{tier.evictions} entries evicted so far",
-                )
-            )
-    return found

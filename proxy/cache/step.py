@@ -28,12 +28,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from opentelemetry import trace
+
 from adapters.base import Completion, EngineRequest
 from cachelayer.admission import AdmissionGate
 from cachelayer.responses import ResponseCache, StoredResponse, is_deterministic
 from proxy.cache.answers import Recorder, replay, stored_response
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.responder import Headers, Responder
+from proxy.telemetry import semconv
 
 logger = logging.getLogger("radixgate.cache")
 
@@ -75,15 +78,18 @@ class _Plan(NamedTuple):
 class ResponseCacheStep:
     """See the module docstring. `cache` None means the response cache is off (every answer: bypass)."""
 
-    __slots__ = ("_pending", "_queued", "admission", "cache", "monitor")
+    __slots__ = ("_pending", "_queued", "_tracer", "admission", "cache", "monitor")
 
     def __init__(
         self,
         cache: ResponseCache | None,
         monitor: CacheMonitor | None = None,
         admission: AdmissionGate | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.cache = cache
+        self._tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
+        """Starts the `radixgate.response_cache` span of each lookup; None: no spans."""
         self.monitor = monitor or CacheMonitor()
         self.admission = admission or AdmissionGate()
         """Which missed answers are stored (see `cachelayer.admission`)."""
@@ -127,6 +133,11 @@ class ResponseCacheStep:
                 call.outcome, call.forward_started = "bypass", time.perf_counter()
             await forward(responder)
             return
+        span = (
+            None
+            if self._tracer is None
+            else self._tracer.start_span(semconv.RESPONSE_CACHE_SPAN_NAME, kind=trace.SpanKind.INTERNAL)
+        )
         started = time.perf_counter()
         stored = None
         if plan.lookup:
@@ -141,14 +152,30 @@ class ResponseCacheStep:
         hit = stored is not None and stored.streamed == request.stream
         if plan.lookup:
             self.admission.observe(hit)
+        if span is not None:
+            span.set_attributes(
+                {
+                    semconv.RESPONSE_CACHE_HIT: hit,
+                    semconv.RESPONSE_CACHE_OUTCOME: "hit" if hit else "miss" if plan.lookup else "refresh",
+                    semconv.RESPONSE_CACHE_LOOKUP_SECONDS: time.perf_counter() - started,
+                }
+            )
         if hit:
             assert stored is not None
             headers.append((CACHE_HEADER, b"hit"))
             self.monitor.count(counters, "hits")
             if call is not None:
                 call.outcome = "hit"
-            await replay(responder, stored, headers)
+            try:
+                await replay(responder, stored, headers)
+            finally:
+                if span is not None:
+                    span.end()
+            if self.monitor.hit_seconds is not None:
+                self.monitor.hit_seconds.observe(time.perf_counter() - started)
             return
+        if span is not None:
+            span.end()
         headers.append((CACHE_HEADER, b"miss"))
         self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
         if call is not None:

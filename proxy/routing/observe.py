@@ -11,6 +11,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from proxy.routing.engine_series import EngineSeries
 from proxy.routing.policies import Decision
 from proxy.routing.worker import Worker
 from proxy.telemetry import semconv
@@ -60,6 +61,28 @@ class _WorkerGauges:
             for worker in workers:
                 family.add_metric([worker.id], float(read(worker)))  # type: ignore[no-untyped-call]
             yield family
+        yield _healthy_per_model(workers)
+
+
+ANY_MODEL = "*"
+"""`model` label of workers that list no models (they serve every model)."""
+
+
+def _healthy_per_model(workers: list[Worker]) -> Metric:
+    """Workers able to take a request now (health up, breaker not open), per model they serve."""
+    healthy: dict[str, int] = {}
+    for worker in workers:
+        up = worker.health == "up" and worker.breaker.state != "open" and not worker.draining
+        for model in worker.models or [ANY_MODEL]:
+            healthy[model] = healthy.get(model, 0) + up
+    family = GaugeMetricFamily(
+        METRIC_PREFIX + semconv.ROUTING_MODEL_HEALTHY_WORKERS_METRIC,
+        "Workers serving the model whose health checks pass and whose breaker is closed.",
+        labels=["model"],
+    )
+    for model, count in sorted(healthy.items()):
+        family.add_metric([model], float(count))
+    return family
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +114,7 @@ class RoutingObserver:
         """Register the series (once per registry) and pick the tracer."""
         if registry is not None:
             registry.add_collector(_WorkerGauges(workers))
+            registry.add_collector(EngineSeries(workers))
         return cls(tracer=tracer or trace.get_tracer(semconv.INSTRUMENTATION_SCOPE), registry=registry)
 
     def decided(

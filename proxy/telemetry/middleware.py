@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from proxy.asgi_types import StatusSend
 from proxy.telemetry import propagation, semconv
@@ -44,7 +46,8 @@ class ServerSpanMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        parent = _remote_parent(scope["headers"])
+        headers = _RequestHeaders.read(scope["headers"])
+        parent = headers.remote_parent()
         if not self.tracing and parent is None:  # nothing to record or to propagate: metrics only
             await self._counted(scope, receive, send)
             return
@@ -54,12 +57,7 @@ class ServerSpanMiddleware:
             method,
             context=parent,
             kind=trace.SpanKind.SERVER,
-            attributes={
-                semconv.HTTP_REQUEST_METHOD: method,
-                semconv.URL_PATH: scope["path"],
-                semconv.URL_SCHEME: scope.get("scheme", "http"),
-                semconv.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-            },
+            attributes=_server_attributes(scope, method, headers),
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         response = StatusSend(send)
@@ -117,17 +115,67 @@ class ServerSpanMiddleware:
         span.end()
 
 
-def _remote_parent(headers: list[tuple[bytes, bytes]]) -> otel_context.Context | None:
-    """The caller's trace context from `traceparent`/`tracestate`, or None (the common case)."""
+@dataclass(slots=True)
+class _RequestHeaders:
+    """The few request headers the SERVER span reads, found in one pass."""
+
     traceparent: bytes | None = None
     tracestate: bytes | None = None
-    for name, value in headers:
-        if name == b"traceparent":
-            traceparent = value
-        elif name == b"tracestate":
-            tracestate = value
-    if traceparent is None:
-        return None
-    return propagation.extract(
-        traceparent.decode("latin-1"), tracestate.decode("latin-1") if tracestate else None
-    )
+    host: bytes | None = None
+    user_agent: bytes | None = None
+
+    @classmethod
+    def read(cls, headers: list[tuple[bytes, bytes]]) -> _RequestHeaders:
+        found = cls()
+        for name, value in headers:
+            if name == b"traceparent":
+                found.traceparent = value
+            elif name == b"tracestate":
+                found.tracestate = value
+            elif name == b"host":
+                found.host = value
+            elif name == b"user-agent":
+                found.user_agent = value
+        return found
+
+    def remote_parent(self) -> otel_context.Context | None:
+        """The caller's trace context from `traceparent`/`tracestate`, or None (the common case)."""
+        if self.traceparent is None:
+            return None
+        return propagation.extract(
+            self.traceparent.decode("latin-1"), self.tracestate.decode("latin-1") if self.tracestate else None
+        )
+
+
+def _server_attributes(scope: Scope, method: str, headers: _RequestHeaders) -> dict[str, AttributeValue]:
+    """The HTTP server span's attributes known at the start: `server.address`/`server.port` from the
+    `Host` header (the name the client used), else the listening socket; the peer's address."""
+    attributes: dict[str, AttributeValue] = {
+        semconv.HTTP_REQUEST_METHOD: method,
+        semconv.URL_PATH: scope["path"],
+        semconv.URL_SCHEME: scope.get("scheme", "http"),
+        semconv.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+    }
+    server = scope.get("server")
+    if headers.host:
+        raw = headers.host.decode("latin-1")
+        if raw.startswith("["):  # an IPv6 literal, `[::1]:8080`; the attribute has no brackets
+            host, _, rest = raw[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = raw.partition(":")
+        attributes[semconv.SERVER_ADDRESS] = host
+        if port.isdigit():
+            attributes[semconv.SERVER_PORT] = int(port)
+        elif server:
+            attributes[semconv.SERVER_PORT] = server[1]
+    elif server:
+        attributes[semconv.SERVER_ADDRESS] = server[0]
+        if server[1] is not None:
+            attributes[semconv.SERVER_PORT] = server[1]
+    client = scope.get("client")
+    if client:
+        attributes[semconv.CLIENT_ADDRESS] = client[0]
+    if headers.user_agent:
+        attributes[semconv.USER_AGENT_ORIGINAL] = headers.user_agent.decode("latin-1")
+    return attributes

@@ -1,4 +1,8 @@
-"""One upstream call: its GenAI CLIENT span, its GenAI histograms and its Prometheus series."""
+"""One upstream call: its GenAI CLIENT span, its GenAI histograms and its Prometheus series.
+
+Client metrics time the call to the worker; the server metrics (`gen_ai.server.*`) time the request
+as the gateway's client sees it, from when it reached the forwarder (`request_started`), retries
+included, and are recorded by the attempt that succeeds."""
 
 from __future__ import annotations
 
@@ -23,9 +27,14 @@ class GenAIInstruments:
     duration: Histogram
     token_usage: Histogram
     time_to_first_chunk: Histogram
+    time_per_output_chunk: Histogram
+    server_duration: Histogram
+    server_time_to_first_token: Histogram
+    server_time_per_output_token: Histogram
 
     @classmethod
     def create(cls, meter: Meter) -> GenAIInstruments:
+        seconds = semconv.UNIT_SECONDS
         return cls(
             duration=meter.create_histogram(
                 semconv.GEN_AI_CLIENT_OPERATION_DURATION,
@@ -42,10 +51,37 @@ class GenAIInstruments:
             time_to_first_chunk=meter.create_histogram(
                 semconv.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
                 unit=semconv.UNIT_SECONDS,
-                description="Time to receive the first chunk of a streaming response.",
+                description="Time to receive the first chunk of a streaming response that carries output.",
                 explicit_bucket_boundaries_advisory=semconv.TIME_TO_FIRST_CHUNK_BUCKETS,
             ),
+            time_per_output_chunk=meter.create_histogram(
+                semconv.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+                unit=seconds,
+                description="Time between consecutive output chunks of a streaming response.",
+                explicit_bucket_boundaries_advisory=semconv.TIME_PER_OUTPUT_CHUNK_BUCKETS,
+            ),
+            server_duration=meter.create_histogram(
+                semconv.GEN_AI_SERVER_REQUEST_DURATION,
+                unit=seconds,
+                description="GenAI server request duration, to the last output token.",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            ),
+            server_time_to_first_token=meter.create_histogram(
+                semconv.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+                unit=seconds,
+                description="Time to generate the first token, for successful streamed responses.",
+                explicit_bucket_boundaries_advisory=semconv.SERVER_TIME_TO_FIRST_TOKEN_BUCKETS,
+            ),
+            server_time_per_output_token=meter.create_histogram(
+                semconv.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+                unit=seconds,
+                description="Time per output token after the first, for successful streamed responses.",
+                explicit_bucket_boundaries_advisory=semconv.TIME_PER_OUTPUT_TOKEN_BUCKETS,
+            ),
         )
+
+
+_WORKER_ATTRIBUTES = frozenset((semconv.SERVER_ADDRESS, semconv.SERVER_PORT))
 
 
 def error_type_of(error: BaseException) -> str:
@@ -103,12 +139,15 @@ class Operation:
 
     __slots__ = (
         "_ended",
-        "_first_chunk_seen",
+        "_first_chunk_at",
         "_instruments",
+        "_last_chunk_at",
         "_metric_attributes",
         "_series",
         "_span",
         "_started",
+        "request_started",
+        "times_chunks",
         "trace_headers",
     )
 
@@ -125,7 +164,12 @@ class Operation:
         self._instruments = instruments
         self._series = series
         self._started = time.perf_counter()
-        self._first_chunk_seen = False
+        self.request_started = self._started
+        """`perf_counter()` when the client's request reached the forwarder (before any retry)."""
+        self._first_chunk_at: float | None = None
+        self._last_chunk_at = 0.0
+        self.times_chunks = instruments is not None
+        """True when `next_chunk` records (a meter is configured): the caller may skip calling it."""
         self._ended = False
         self._metric_attributes: dict[str, AttributeValue] = {}
         if instruments is not None:
@@ -142,16 +186,24 @@ class Operation:
         propagation.inject(span, self.trace_headers)
 
     def first_chunk(self) -> None:
-        """Mark the arrival of the first streamed chunk (later calls are ignored)."""
-        if self._first_chunk_seen or self._ended:
+        """Mark the arrival of the first streamed chunk that carries output (later calls are ignored)."""
+        if self._first_chunk_at is not None or self._ended:
             return
-        self._first_chunk_seen = True
-        elapsed = time.perf_counter() - self._started
+        now = self._first_chunk_at = self._last_chunk_at = time.perf_counter()
+        elapsed = now - self._started
         self._series.time_to_first_chunk.observe(elapsed)
         if self._instruments is not None:
             self._instruments.time_to_first_chunk.record(elapsed, self._metric_attributes)
         if self._span.is_recording():
             self._span.set_attribute(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, elapsed)
+
+    def next_chunk(self) -> None:
+        """Mark a later output chunk: one `time_per_output_chunk` sample (when a meter records)."""
+        if self._instruments is None or self._first_chunk_at is None or self._ended:
+            return
+        now = time.perf_counter()
+        self._instruments.time_per_output_chunk.record(now - self._last_chunk_at, self._metric_attributes)
+        self._last_chunk_at = now
 
     def succeed(
         self,
@@ -218,6 +270,15 @@ class Operation:
         if response_model:
             attributes[semconv.GEN_AI_RESPONSE_MODEL] = response_model
         instruments.duration.record(elapsed, attributes)
+        now = self._started + elapsed
+        # server.address/port name the worker: the server metrics describe the gateway's own answer.
+        served = {k: v for k, v in attributes.items() if k not in _WORKER_ATTRIBUTES}
+        instruments.server_duration.record(now - self.request_started, served)
+        if self._first_chunk_at is not None:
+            instruments.server_time_to_first_token.record(self._first_chunk_at - self.request_started, served)
+            if usage is not None and usage.completion_tokens > 1:
+                per_token = (now - self._first_chunk_at) / (usage.completion_tokens - 1)
+                instruments.server_time_per_output_token.record(per_token, served)
         if usage is not None:
             token_type = semconv.GEN_AI_TOKEN_TYPE
             instruments.token_usage.record(

@@ -1,8 +1,9 @@
 """The span processor and meter provider that the standard `OTEL_*` environment variables choose.
 
     OTEL_SDK_DISABLED=true                         no spans, no OTel metrics
-    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / ..._ENDPOINT   spans go out over OTLP HTTP/protobuf
-    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT / ..._ENDPOINT  GenAI metrics go out over OTLP HTTP/protobuf
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / ..._ENDPOINT   spans go out over OTLP
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT / ..._ENDPOINT  GenAI metrics go out over OTLP
+    OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]PROTOCOL  "http/protobuf" (default) or "grpc"
     OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER   "otlp" (default), "console" or "none"
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES    the resource (they win over the settings)
 
@@ -31,7 +32,8 @@ from proxy.telemetry import semconv
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_PROTOCOL = "http/protobuf"
+HTTP_PROTOCOL = "http/protobuf"
+GRPC_PROTOCOL = "grpc"
 _GENERIC_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 _GENERIC_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 
@@ -65,7 +67,11 @@ def _span_exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     choice = _exporter_choice(environ, "OTEL_TRACES_EXPORTER", "TRACES")
     if choice == "console":
         return ConsoleSpanExporter()
-    if choice == "otlp":
+    if choice == GRPC_PROTOCOL:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+
+        return GrpcSpans()
+    if choice == HTTP_PROTOCOL:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
@@ -76,7 +82,11 @@ def _metric_exporter(environ: Mapping[str, str]) -> MetricExporter | None:
     choice = _exporter_choice(environ, "OTEL_METRICS_EXPORTER", "METRICS")
     if choice == "console":
         return ConsoleMetricExporter()
-    if choice == "otlp":
+    if choice == GRPC_PROTOCOL:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+
+        return GrpcMetrics()
+    if choice == HTTP_PROTOCOL:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         return OTLPMetricExporter()
@@ -84,7 +94,8 @@ def _metric_exporter(environ: Mapping[str, str]) -> MetricExporter | None:
 
 
 def _exporter_choice(environ: Mapping[str, str], variable: str, signal: str) -> str | None:
-    """ "otlp", "console" or None. OTLP needs an endpoint: without one nothing is exported."""
+    """ "console", an OTLP protocol (`HTTP_PROTOCOL`, `GRPC_PROTOCOL`) or None. OTLP needs an
+    endpoint: without one nothing is exported."""
     if sdk_disabled(environ):
         return None
     names = [n.strip().lower() for n in environ.get(variable, "otlp").split(",") if n.strip()]
@@ -102,6 +113,8 @@ def _exporter_choice(environ: Mapping[str, str], variable: str, signal: str) -> 
     protocol = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or environ.get(
         "OTEL_EXPORTER_OTLP_PROTOCOL"
     )
-    if protocol and protocol != _SUPPORTED_PROTOCOL:
-        log.warning("OTLP protocol %r is not installed; exporting over %s", protocol, _SUPPORTED_PROTOCOL)
-    return "otlp"
+    if protocol == GRPC_PROTOCOL:
+        return GRPC_PROTOCOL
+    if protocol and protocol != HTTP_PROTOCOL:
+        log.warning("OTLP protocol %r is not supported; exporting over %s", protocol, HTTP_PROTOCOL)
+    return HTTP_PROTOCOL

@@ -63,6 +63,13 @@ RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
 GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
 GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
 GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+
+# ---- GenAI server metrics (the gateway is the GenAI server its clients talk to) ----
+
+GEN_AI_SERVER_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
+GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: Final = "gen_ai.server.time_to_first_token"
+GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN: Final = "gen_ai.server.time_per_output_token"
 UNIT_SECONDS: Final = "s"
 UNIT_TOKENS: Final = "{token}"
 
@@ -84,6 +91,40 @@ DURATION_BUCKETS: Final = (
     81.92,
 )
 TIME_TO_FIRST_CHUNK_BUCKETS: Final = DURATION_BUCKETS
+SERVER_TIME_TO_FIRST_TOKEN_BUCKETS: Final = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+TIME_PER_OUTPUT_TOKEN_BUCKETS: Final = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
+TIME_PER_OUTPUT_CHUNK_BUCKETS: Final = TIME_PER_OUTPUT_TOKEN_BUCKETS
 TOKEN_USAGE_BUCKETS: Final = (
     1,
     4,
@@ -148,3 +189,14 @@ ROUTING_WORKER_QUEUED_WORK_METRIC: Final = "routing_worker_queued_work_tokens"
 ROUTING_WORKER_TREE_TOKENS_METRIC: Final = "routing_worker_tree_tokens"
 ROUTING_WORKER_UP_METRIC: Final = "routing_worker_up"
 ROUTING_WORKER_BREAKER_OPEN_METRIC: Final = "routing_worker_breaker_open"
+ROUTING_MODEL_HEALTHY_WORKERS_METRIC: Final = "routing_model_healthy_workers"
+
+# ---- response cache (radixgate's own names) ----
+
+RESPONSE_CACHE_SPAN_NAME: Final = "radixgate.response_cache"
+"""INTERNAL span of one response-cache lookup; on a hit it also covers the replay."""
+RESPONSE_CACHE_HIT: Final = "radixgate.response_cache.hit"
+"""True when the stored answer was replayed and no engine was called."""
+RESPONSE_CACHE_OUTCOME: Final = "radixgate.response_cache.outcome"
+"""`hit`, `miss` or `refresh` (`Cache-Control: no-cache`: no lookup, the answer is stored)."""
+RESPONSE_CACHE_LOOKUP_SECONDS: Final = "radixgate.response_cache.lookup_seconds"

@@ -29,7 +29,7 @@ def test_serve_in_front_of_an_upstream(upstream: UpstreamServer) -> None:
     port = _free_port()
     command = [sys.executable, "-m", "proxy.cli", "serve", "--upstream", upstream.url, "--model", MODEL]
     process = subprocess.Popen(
-        [*command, "--port", str(port), "--log-level", "warning"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        [*command, "--port", str(port), "--log-level", "info"], cwd=ROOT, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 60
@@ -50,3 +50,6 @@ def test_serve_in_front_of_an_upstream(upstream: UpstreamServer) -> None:
     # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM.
     assert process.returncode in (0, -signal.SIGTERM), stderr
     assert "Traceback" not in stderr
+    (banner,) = [line for line in stderr.splitlines() if " radixgate: radixgate " in line]
+    assert f"model {MODEL}; config none (defaults); preset development;" in banner
+    assert banner.endswith(f"listening on http://127.0.0.1:{port}; workers {upstream.url} (openai)")

@@ -74,3 +74,36 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
     assert result.stderr.strip().startswith(
         "radixgate: invalid setting local_engine.model_path (from --model)"
     )
+
+
+def test_config_show_fills_in_the_values_the_preset_gives(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "radixgate.toml"
+    config.write_text('[cache]\npreset = "production"\n\n[kv_cache]\nl1_capacity = 7\n')
+    assert main(["config", "show", "--config", str(config)]) == 0
+    data = tomllib.loads(capsys.readouterr().out)
+    assert data["kv_cache"]["l1_capacity"] == 7  # set in the file: the file wins
+    assert data["kv_cache"]["l2_capacity"] == 100_000  # from the production preset
+    assert data["kv_cache"]["eviction_policy"] == "adaptive"
+    assert data["monitoring"] == {
+        "enabled": True,
+        "collection_interval_seconds": 30.0,
+        "detailed_profiling": True,
+    }
+    assert data["speculative"]["beam_width"] == 8
+
+
+def test_config_show_survives_a_closed_pipe() -> None:
+    """`radixgate config show | head`: the reader goes away before the output is written."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "config", "show"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # closed before the child writes a byte: every write meets EPIPE
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 0, stderr
+    assert stderr == ""

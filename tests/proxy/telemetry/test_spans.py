@@ -60,6 +60,11 @@ async def test_chat_request_makes_server_span_with_genai_client_child(
         semconv.NETWORK_PROTOCOL_VERSION: "1.1",
         semconv.HTTP_ROUTE: "/v1/chat/completions",
         semconv.HTTP_RESPONSE_STATUS_CODE: 200,
+        # Litestar's test client: Host `testserver.local`, peer and User-Agent `testclient`.
+        semconv.SERVER_ADDRESS: "testserver.local",
+        semconv.SERVER_PORT: 80,
+        semconv.CLIENT_ADDRESS: "testclient",
+        semconv.USER_AGENT_ORIGINAL: "testclient",
     }
     assert server.status.status_code is StatusCode.UNSET
 

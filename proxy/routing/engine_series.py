@@ -1,0 +1,112 @@
+"""The embedded engine's own figures as Prometheus series, read at scrape time (vLLM and SGLang
+export the same from their `/metrics`):
+
+    radixgate_engine_running_sequences{worker}          sequences being generated now
+    radixgate_engine_waiting_sequences{worker}          sequences queued for admission
+    radixgate_engine_kv_usage_ratio{worker}             KV pool pages in use, 0..1
+    radixgate_engine_preemptions_total{worker}          sequences pushed back to free pages
+    radixgate_engine_evicted_tokens_total{worker}       cached tokens evicted from the prefix cache
+    radixgate_engine_prefix_hit_tokens_total{worker}    prompt tokens served from the prefix cache
+    radixgate_engine_prefix_query_tokens_total{worker}  prompt tokens looked up in it
+    radixgate_engine_queue_time_seconds{worker}         submission to first admission (histogram)
+    radixgate_engine_inter_token_latency_seconds{worker}  gap between two tokens of a sequence
+
+Engines that report no such figures (remote workers, whose own `/metrics` has them) add nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, runtime_checkable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from adapters.engine_stats import LatencyFigures
+from proxy.routing.worker import Worker
+from proxy.telemetry.prometheus import METRIC_PREFIX
+
+
+@runtime_checkable
+class EngineFigures(Protocol):
+    """What `adapters.local.EngineStats` holds (matched by attributes, so torch is never imported)."""
+
+    running: int
+    waiting: int
+    preemptions: int
+    evicted_tokens: int
+    cache_hit_tokens: int
+    cache_query_tokens: int
+    pool_pages_total: int
+    pool_pages_free: int
+    queue_time: LatencyFigures
+    inter_token_latency: LatencyFigures
+
+
+_GAUGES: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
+    ("engine_running_sequences", "Sequences the engine is generating now.", lambda f: f.running),
+    ("engine_waiting_sequences", "Sequences waiting for admission.", lambda f: f.waiting),
+    (
+        "engine_kv_usage_ratio",
+        "Fraction of the KV pool's pages in use (running sequences and the prefix cache).",
+        lambda f: (
+            (f.pool_pages_total - f.pool_pages_free) / f.pool_pages_total if f.pool_pages_total else 0.0
+        ),
+    ),
+)
+
+
+def _query_tokens(figures: EngineFigures) -> float:
+    return figures.cache_query_tokens
+
+
+_COUNTERS: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
+    ("engine_preemptions", "Sequences pushed back to the queue to free KV pages.", lambda f: f.preemptions),
+    ("engine_evicted_tokens", "Cached tokens evicted from the prefix cache.", lambda f: f.evicted_tokens),
+    ("engine_prefix_hit_tokens", "Prompt tokens served from the prefix cache.", lambda f: f.cache_hit_tokens),
+    (
+        "engine_prefix_query_tokens",
+        "Prompt tokens looked up in the prefix cache.",
+        lambda f: f.cache_query_tokens,
+    ),
+)
+_HISTOGRAMS: tuple[tuple[str, str, Callable[[EngineFigures], LatencyFigures]], ...] = (
+    ("engine_queue_time_seconds", "Seconds from submission to first admission.", lambda f: f.queue_time),
+    (
+        "engine_inter_token_latency_seconds",
+        "Seconds between two consecutive tokens of one sequence.",
+        lambda f: f.inter_token_latency,
+    ),
+)
+
+
+class EngineSeries:
+    """A collector over the workers whose engine reports `EngineFigures` (the embedded engine)."""
+
+    def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        reporting = [(worker.id, figures) for worker in self._workers() if (figures := _figures(worker))]
+        for name, documentation, read in _GAUGES:
+            gauge = GaugeMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
+            for worker_id, figures in reporting:
+                gauge.add_metric([worker_id], float(read(figures)))
+            yield gauge
+        for name, documentation, read in _COUNTERS:
+            counter = CounterMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
+            for worker_id, figures in reporting:
+                counter.add_metric([worker_id], float(read(figures)))
+            yield counter
+        for name, documentation, read_latency in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
+            for worker_id, figures in reporting:
+                latency = read_latency(figures)
+                histogram.add_metric([worker_id], latency.cumulative(), latency.sum)
+            yield histogram
+
+
+def _figures(worker: Worker) -> EngineFigures | None:
+    stats = getattr(worker.engine, "stats", None)
+    figures = stats() if callable(stats) else None
+    return figures if isinstance(figures, EngineFigures) else None
