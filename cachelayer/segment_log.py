@@ -12,7 +12,7 @@ all little-endian; ``flags`` bit 0 marks a tombstone (a deletion, no data). One 
 Every write goes to an offset the tier chose when it accepted the entry, so writes may be queued
 (``SegmentWriter``) and the tier can answer for a queued entry from memory until it lands. A torn
 record (a crash mid-write) fails its checksum or runs past the end of the file: a miss, never a
-wrong answer.
+wrong answer. Reading a segment back at startup is ``cachelayer.segment_scan``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,19 +31,20 @@ from cachelayer.tier import Entry
 
 __all__ = [
     "HEADER_BYTES",
-    "ScannedRecord",
+    "HEAD",
+    "MAGIC",
+    "TOMBSTONE",
     "SegmentWriter",
     "WriteFailed",
     "encode_record",
     "parse_record",
     "record_size",
-    "scan_segment",
     "segment_path",
 ]
 
 MAGIC = b"RGC2"
-_HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
-HEADER_BYTES = _HEAD.size + 32
+HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
+HEADER_BYTES = HEAD.size + 32
 TOMBSTONE = 1
 SUFFIX = ".rgs"
 BATCH_WAIT_S = 0.005
@@ -64,10 +64,10 @@ def record_size(key: bytes, data_len: int) -> int:
 def encode_record(key: bytes, entry: Entry | None) -> bytes:
     """A record for ``entry`` under ``key``; None encodes a tombstone."""
     if entry is None:
-        head = _HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
+        head = HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
         return b"".join((head, hashlib.sha256(head + key).digest(), key))
     expires = 0.0 if entry.expires_at is None else entry.expires_at
-    head = _HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
+    head = HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
     digest = hashlib.sha256(b"".join((head, key, entry.data))).digest()
     return b"".join((head, digest, key, entry.data))
 
@@ -76,54 +76,19 @@ def parse_record(blob: bytes, key: bytes) -> Entry | None:
     """The entry in ``blob`` (one whole record) if it is intact, live data for ``key``; else None."""
     if len(blob) < HEADER_BYTES:
         return None
-    magic, flags, expires, cost, key_len, data_len = _HEAD.unpack_from(blob)
+    magic, flags, expires, cost, key_len, data_len = HEAD.unpack_from(blob)
     if magic != MAGIC or flags & TOMBSTONE or len(blob) != HEADER_BYTES + key_len + data_len:
         return None
     if blob[HEADER_BYTES : HEADER_BYTES + key_len] != key:
         return None
     body = memoryview(blob)
-    digest = hashlib.sha256(body[: _HEAD.size])
+    digest = hashlib.sha256(body[: HEAD.size])
     digest.update(body[HEADER_BYTES:])
-    if digest.digest() != blob[_HEAD.size : HEADER_BYTES]:
+    if digest.digest() != blob[HEAD.size : HEADER_BYTES]:
         return None
     return Entry(
         data=blob[HEADER_BYTES + key_len :], expires_at=None if expires == 0.0 else expires, cost=cost
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedRecord:
-    """A record found by the startup scan (its checksum is verified only when it is read)."""
-
-    key: bytes
-    offset: int
-    size: int
-    tombstone: bool
-    expires_at: float | None
-    cost: float
-
-
-def scan_segment(path: str) -> Iterator[ScannedRecord]:
-    """The records of one segment in order, stopping at the first that is torn or not ours."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - the generator closes it
-    except OSError:
-        return
-    with handle:
-        end = os.fstat(handle.fileno()).st_size
-        offset = 0
-        while offset + HEADER_BYTES <= end:
-            head = handle.read(HEADER_BYTES)
-            magic, flags, expires, cost, key_len, data_len = _HEAD.unpack_from(head)
-            size = HEADER_BYTES + key_len + data_len
-            if magic != MAGIC or offset + size > end:
-                return
-            key = handle.read(key_len)
-            handle.seek(data_len, os.SEEK_CUR)
-            yield ScannedRecord(
-                key, offset, size, bool(flags & TOMBSTONE), None if expires == 0.0 else expires, cost
-            )
-            offset += size
 
 
 @dataclass(slots=True, eq=False)
@@ -165,6 +130,8 @@ class SegmentWriter:
         self._queue: deque[_Write | _Drop] = deque()
         self._queued_bytes = 0
         self._closed = False
+        self._deadline: float | None = None
+        self._abandoned = 0
         self._idle = False
         self._wake = threading.Condition()
         self.failed: deque[WriteFailed] = deque()
@@ -212,14 +179,38 @@ class SegmentWriter:
             op = self._pending.get(key)
         return op.entry if op is not None and op.seq == seq and op.offset == offset else None
 
-    def close(self) -> None:
-        """Apply everything queued, stop the thread and close the files."""
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a write of ``nbytes`` would be queued now (always, without a writer thread)."""
+        if self._thread is None:
+            return True
+        with self._wake:
+            return not self._closed and self._queued_bytes + nbytes <= self._max_pending_bytes
+
+    def wait_room(self, nbytes: int, deadline: float) -> bool:
+        """Wait until a write of ``nbytes`` fits the queue, or ``time.monotonic()`` reaches ``deadline``."""
+        if self._thread is None:
+            return True
+        with self._wake:
+            while self._queued_bytes + nbytes > self._max_pending_bytes and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+            return not self._closed
+
+    def close(self, deadline: float | None = None) -> int:
+        """Apply everything queued (until ``time.monotonic()`` reaches ``deadline``, when given), stop
+        the thread and close the files; returns the records left unwritten at the deadline.
+
+        Records are written in offset order, so the ones left out are each segment's tail: no hole."""
         if self._thread is not None:
             with self._wake:
                 self._closed = True
-                self._wake.notify()
+                self._deadline = deadline
+                self._wake.notify_all()
             self._thread.join()
         self._close_all()
+        return self._abandoned
 
     def _run(self) -> None:
         while True:
@@ -243,10 +234,15 @@ class SegmentWriter:
                         self._queued_bytes -= len(op.entry.data)
                         if self._pending.get(op.key) is op:
                             del self._pending[op.key]
+                self._wake.notify_all()  # a `wait_room` caller may go on
 
     def _apply(self, batch: list[_Write | _Drop]) -> None:
         touched: set[int] = set()
-        for op in batch:
+        for done, op in enumerate(batch):
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self._abandoned += len(batch) - done
+                break
             if isinstance(op, _Drop):
                 fd = self._fds.pop(op.seq, None)
                 if fd is not None:

@@ -1,7 +1,8 @@
 """The engine thread: take requests, step the batch, sample, hand results back.
 
 One daemon thread owns the model, the KV pool, the prefix cache and the scheduler, so none of
-them needs a lock. The event loop talks to it through a small inbox (submit, cancel) guarded by
+them needs a lock. Each iteration also writes a bounded few due cache pages behind to disk
+(`adapters.local.write_behind`). The event loop talks to it through a small inbox (submit, cancel) guarded by
 a lock and an Event that wakes the thread; results go out through each job's `sink`, which the
 async side implements with `loop.call_soon_threadsafe`. New requests join between steps, and a
 cancelled job's sequences are dropped (pages released) before the next step runs.
@@ -154,9 +155,10 @@ class EngineCore:
             self._wake.clear()
             if not self._take_inbox():
                 break
+            write_in = self._write_due()
             if not self.scheduler.has_work():
                 self._publish_stats(force=True)
-                self._wake.wait()
+                self._wake.wait(write_in)  # woken by work, or when the next page is due for disk
                 continue
             step = self.scheduler.schedule()
             self._queued_update()
@@ -176,6 +178,14 @@ class EngineCore:
                 self._fail_all(EngineError(f"the local engine failed: {exc}"))
             self._publish_stats()
         self._fail_all(EngineError("the local engine stopped"))
+
+    def _write_due(self) -> float | None:
+        """The prefix cache's write-behind share of this iteration (a few page copies at most)."""
+        try:
+            return self.cache.write_due()
+        except Exception:  # a failed disk copy loses a cache entry, never the engine
+            logger.exception("KV write-behind failed")
+            return None
 
     def _take_inbox(self) -> bool:
         with self._lock:

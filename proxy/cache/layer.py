@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -107,10 +108,12 @@ class CacheLayer:
 
     @asynccontextmanager
     async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
-        """On shutdown: finish storing answers in flight, then close the store's files and connections."""
+        """On shutdown: finish storing answers in flight, then close the store's files and connections
+        (queued disk writes get `cache.shutdown_flush_s`)."""
         try:
             yield
         finally:
+            deadline = time.monotonic() + self.settings.shutdown_flush_s
             await self.step.drain()
             if self.responses is not None:
-                await asyncio.to_thread(self.responses.close)
+                await asyncio.to_thread(self.responses.close, deadline)
