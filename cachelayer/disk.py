@@ -352,6 +352,8 @@ class DiskTier:
                     scan.gaps,
                     scan.dropped_bytes,
                 )
+            if scan.torn_tail:
+                logger.info("%s: segment %s ends in %d bytes of a cut-short write", self.name, path, scan.torn_tail)
             for record in scan.records:
                 if record.key in self._index:
                     self._forget(record.key)

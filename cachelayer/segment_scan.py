@@ -4,8 +4,9 @@ The disk tier indexes a segment by walking its record headers (``cachelayer.segm
 format); record bodies are verified only when read. Where a header is not ours (a flipped bit, a
 hole a failed write left, a torn tail), the walk resynchronises: it searches forward for the next
 record magic whose whole record verifies (length, checksum) and goes on from there. Every byte
-skipped that way is counted in the scan's ``dropped_bytes`` and its gaps in ``gaps``, so one bad
-header costs the records it covers, not the rest of its segment.
+skipped that way is counted in the scan's ``dropped_bytes`` and each stretch in ``gaps``, so one bad
+header costs the records it covers, not the rest of its segment. Unreadable bytes with no record
+after them are a ``torn_tail`` instead: what a crash mid-write leaves, expected, not damage.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ class SegmentScan:
 
     records: list[ScannedRecord] = field(default_factory=list)
     dropped_bytes: int = 0
-    """Bytes skipped as damage (between a bad header and the next verified record, or a torn tail)."""
+    """Bytes skipped as damage: between a bad header and the next record that verifies."""
     gaps: int = 0
     """Damaged stretches skipped."""
+    torn_tail: int = 0
+    """Bytes at the end with no record after them (a write cut short)."""
 
 
 def scan_segment(path: str) -> SegmentScan:
@@ -61,10 +64,11 @@ def scan_segment(path: str) -> SegmentScan:
             record = _header_at(fd, offset, end)
             if record is None:
                 found = _resync(fd, offset + 1, end)
-                scan.gaps += 1
-                scan.dropped_bytes += (found if found is not None else end) - offset
                 if found is None:
+                    scan.torn_tail = end - offset
                     break
+                scan.gaps += 1
+                scan.dropped_bytes += found - offset
                 offset = found
                 continue
             scan.records.append(record)
