@@ -222,7 +222,7 @@ class DiskTier:
         return self._writer.has_room(nbytes)
 
     def wait_room(self, nbytes: int, deadline: float) -> bool:
-        """Wait (until ``time.monotonic()`` reaches ``deadline``) for the writer's queue to take ``nbytes``."""
+        """Wait, until ``time.monotonic()`` reaches ``deadline``, for the queue to take ``nbytes``."""
         return self._writer.wait_room(nbytes, deadline)
 
     def close(self, deadline: float | None = None) -> None:
@@ -230,7 +230,9 @@ class DiskTier:
         dropped: the next owner misses them), then release the directory lock; the files stay."""
         abandoned = self._writer.close(deadline)
         if abandoned:
-            logger.warning("%s: %d queued records not written before the close deadline", self.name, abandoned)
+            logger.warning(
+                "%s: %d queued records not written before the close deadline", self.name, abandoned
+            )
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
@@ -353,7 +355,9 @@ class DiskTier:
                     scan.dropped_bytes,
                 )
             if scan.torn_tail:
-                logger.info("%s: segment %s ends in %d bytes of a cut-short write", self.name, path, scan.torn_tail)
+                logger.info(
+                    "%s: segment %s ends in %d bytes of a cut-short write", self.name, path, scan.torn_tail
+                )
             for record in scan.records:
                 if record.key in self._index:
                     self._forget(record.key)

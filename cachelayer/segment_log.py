@@ -30,8 +30,8 @@ from pathlib import Path
 from cachelayer.tier import Entry
 
 __all__ = [
-    "HEADER_BYTES",
     "HEAD",
+    "HEADER_BYTES",
     "MAGIC",
     "TOMBSTONE",
     "SegmentWriter",

@@ -86,7 +86,9 @@ def _header_at(fd: int, offset: int, end: int) -> ScannedRecord | None:
     if magic != MAGIC or key_len > MAX_KEY_BYTES or offset + size > end or flags & ~TOMBSTONE:
         return None
     key = head[HEADER_BYTES : HEADER_BYTES + key_len]
-    return ScannedRecord(key, offset, size, bool(flags & TOMBSTONE), None if expires == 0.0 else expires, cost)
+    return ScannedRecord(
+        key, offset, size, bool(flags & TOMBSTONE), None if expires == 0.0 else expires, cost
+    )
 
 
 def _resync(fd: int, start: int, end: int) -> int | None:

@@ -61,6 +61,10 @@ class EngineStats:
     """The pool's reserved size; resident memory grows only with the pages used."""
     evicted_tokens: int
     """Cached tokens evicted to make room or to respect `max_cached_tokens`, since start."""
+    cache_nodes: int
+    """Nodes of the prefix cache's radix tree (distinct cached prefix segments)."""
+    kv_bytes_per_token: int
+    """K and V bytes of one token, every layer."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -321,4 +325,6 @@ class EngineCore:
             weight_bytes=self.runner.model.weight_bytes,
             kv_pool_bytes=pool.nbytes,
             evicted_tokens=self.cache.evicted_pages * pool.page_size,
+            cache_nodes=self.cache.node_count,
+            kv_bytes_per_token=pool.page_nbytes // pool.page_size,
         )

@@ -171,6 +171,11 @@ class PrefixCache:
             self.write_behind.forget(freed)
 
     @property
+    def node_count(self) -> int:
+        """Nodes of the radix tree (salt pages included)."""
+        return self._tree.node_count
+
+    @property
     def cached_pages(self) -> int:
         """Pages the tree holds a reference on."""
         return len(self._pages)

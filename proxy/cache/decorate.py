@@ -17,7 +17,7 @@ import msgspec
 from adapters.schema import Usage
 from adapters.sse import DONE, SSEDecoder
 from proxy.asgi_types import Message, Send
-from proxy.cache.stats import percent
+from proxy.cache.radix_stats import percent
 from proxy.cache.step import CachedCall
 from proxy.routes.generation import REQUEST_ID_HEADER
 from proxy.streaming import DONE_EVENT, sse_event
@@ -127,8 +127,14 @@ class AnswerDecorator:
         if fields is not None:
             self._usage, self._answer_bytes = head.usage, len(body)
             cache_stats, performance, cached_tokens = self._extras()
-            if isinstance(fields.get("usage"), dict):
-                fields["usage"]["cached_tokens"] = cached_tokens
+            usage = fields.get("usage")
+            if isinstance(usage, dict):  # one figure in both places (a hit: every prompt token)
+                usage["cached_tokens"] = cached_tokens
+                details = usage.get("prompt_tokens_details")
+                usage["prompt_tokens_details"] = {
+                    **(details if isinstance(details, dict) else {}),
+                    "cached_tokens": cached_tokens,
+                }
             fields.update(cache_stats=cache_stats, performance=performance, request_id=self._request_id)
             body = msgspec.json.encode(fields)
         assert self._held is not None

@@ -237,7 +237,9 @@ def test_a_store_with_write_behind_disk_never_blocks_on_a_miss_or_a_put(tmp_path
     synchronous.close()
 
 
-def test_a_stray_file_in_the_segment_folder_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stray_file_in_the_segment_folder_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     disk = tier(tmp_path)
     disk.put(b"k", Entry(payload(b"k", 1, 500), None))
     disk.close()
@@ -301,8 +303,8 @@ def test_sigkill_during_write_behind_never_leaves_a_wrong_entry(tmp_path: Path, 
         from cachelayer.disk import DiskTier, DiskTierConfig
         from cachelayer.tier import Entry
         from tests.cachelayer.test_disk import payload
-        config = DiskTierConfig(directory=Path({str(tmp_path)!r}), capacity_bytes=4_000_000, write_behind=True)
-        disk = DiskTier(config)
+        directory = Path({str(tmp_path)!r})
+        disk = DiskTier(DiskTierConfig(directory=directory, capacity_bytes=4_000_000, write_behind=True))
         version = 0
         while True:
             version += 1
