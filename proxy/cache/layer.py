@@ -28,6 +28,7 @@ from proxy.cache.config import ContextCacheConfig, cache_config
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.settings import CacheSettings, CacheSettingsError
 from proxy.cache.step import ResponseCacheStep
+from proxy.cache.warm_file import WarmFileRunner
 from proxy.config import SettingsError
 from proxy.gateway import Gateway
 from proxy.router import Router
@@ -55,6 +56,8 @@ class CacheLayer:
         self.router = router
         admission = AdmissionGate(settings.admission, min_hit_rate=settings.admission_min_hit_rate)
         self.step = ResponseCacheStep(responses, monitor, admission)
+        self.warmer = WarmFileRunner(settings.warm_file) if settings.warm_file is not None else None
+        """Runs `[cache] warm_file` in the background once the app has started."""
 
     @classmethod
     def from_settings(
@@ -68,6 +71,9 @@ class CacheLayer:
             config = cache_config(settings)
         except CacheSettingsError as exc:  # settings built in code skip `load_settings`'s check
             raise SettingsError(f"invalid setting {exc.key}: {exc.message}") from exc
+        warm_file = settings.cache.warm_file
+        if warm_file is not None and not warm_file.is_file():
+            raise SettingsError(f"invalid setting cache.warm_file: {warm_file} is not a readable file")
         responses = None
         if settings.cache.response_cache:
             try:
@@ -107,12 +113,17 @@ class CacheLayer:
         return [*cached_handlers(gateway), *admin_handlers(gateway, self)]
 
     @asynccontextmanager
-    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
-        """On shutdown: finish storing answers in flight, then close the store's files and connections
-        (queued disk writes get `cache.shutdown_flush_s`)."""
+    async def lifespan(self, app: Litestar) -> AsyncIterator[None]:
+        """After start: begin the warm file's run. On shutdown: stop it, finish storing answers in
+        flight, then close the store's files and connections (queued disk writes get
+        `cache.shutdown_flush_s`)."""
+        if self.warmer is not None:
+            self.warmer.start(app.state.gateway)
         try:
             yield
         finally:
+            if self.warmer is not None:
+                await self.warmer.stop()
             deadline = time.monotonic() + self.settings.shutdown_flush_s
             await self.step.drain()
             if self.responses is not None:

@@ -29,6 +29,7 @@ from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, Speculat
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
 from proxy.cache.radix_stats import RadixTreeStats, percent, radix_stats
+from proxy.cache.warm_file import WarmProgress
 from proxy.router import Router
 
 FULL_FRACTION = 0.95
@@ -147,6 +148,24 @@ class Trends(msgspec.Struct, kw_only=True):
     samples: list[TrendSample]
 
 
+class WarmingStats(msgspec.Struct, kw_only=True):
+    """The `[cache] warm_file` run (`proxy.cache.warm_file`)."""
+
+    file: str
+    state: str
+    """`pending`, `running` or `done`."""
+    items: int
+    done: int
+    """Items run so far, failed ones included."""
+    failed: int
+    cached_tokens: int
+    """Prompt tokens the engines already held when the items ran."""
+    started_at: float | None
+    seconds: float | None
+    """How long the whole run took (null until done)."""
+    errors: list[str]
+
+
 class CacheStatsResponse(msgspec.Struct, kw_only=True):
     """The whole `GET /v1/cache/stats` document."""
 
@@ -155,6 +174,8 @@ class CacheStatsResponse(msgspec.Struct, kw_only=True):
     overall: OverallStats
     alerts: list[Alert]
     trends: Trends
+    warming: WarmingStats | None = None
+    """Null when no `[cache] warm_file` is configured."""
 
 
 def build_stats(
@@ -167,6 +188,7 @@ def build_stats(
     *,
     enabled: bool,
     shared: bool,
+    warming: WarmProgress | None = None,
 ) -> CacheStatsResponse:
     """The stats document from the store snapshot, the counters and the router's live state."""
     tiers = store.tiers if store is not None else ()
@@ -190,6 +212,7 @@ def build_stats(
             total_memory_bytes=memory + radix.tree_memory_bytes,
             operations_per_second=round(monitor.lookups_per_second(), 3),
             avg_response_time_us=round(mean_lookup * 1e6, 2),
+            background_tasks_active=warming is not None and warming.state == "running",
         ),
         alerts=alerts(every),
         trends=Trends(
@@ -198,6 +221,7 @@ def build_stats(
             data_points=len(monitor.trend),
             samples=[TrendSample(at=p.at, lookups=p.lookups, hits=p.hits) for p in monitor.trend],
         ),
+        warming=WarmingStats(**asdict(warming)) if warming is not None else None,
     )
 
 
