@@ -88,7 +88,7 @@ def test_the_warm_file_makes_the_first_real_request_a_prefix_hit(gateway: Gatewa
 
 def test_a_missing_warm_file_is_a_settings_error(engine: LocalEngineConfig, tmp_path: Path) -> None:
     settings = Settings(local_engine=engine, cache=CacheSettings(warm_file=tmp_path / "absent.jsonl"))
-    with pytest.raises(SettingsError, match="cache.warm_file"):
+    with pytest.raises(SettingsError, match=r"cache\.warm_file"):
         create_app(settings)
 
 
