@@ -24,7 +24,10 @@ the queue cannot take (more than ``max_pending_bytes`` waiting) is not stored, l
 refusal; one the disk refuses is noticed at the next call and forgotten. ``close`` drains the
 queue, so a clean shutdown loses nothing; a crash loses at most the queued writes. ``fsync`` syncs
 the data once per batch the writer drains (per record without ``write_behind``); the directory is
-not synced, so a power loss may lose the newest entries but never makes one read back wrong.
+not synced, so a power loss may lose the newest entries but never makes one read back wrong. A
+shutdown bounded by a deadline (``finish_by``, ``close(deadline)``) writes what it can by then
+without syncing: the records are in the kernel's page cache, which outlives the process (a restart
+finds them), and reach the device at the kernel's writeback; what misses the deadline is dropped.
 """
 
 from __future__ import annotations
@@ -224,6 +227,10 @@ class DiskTier:
     def wait_room(self, nbytes: int, deadline: float) -> bool:
         """Wait, until ``time.monotonic()`` reaches ``deadline``, for the queue to take ``nbytes``."""
         return self._writer.wait_room(nbytes, deadline)
+
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: queued writes land until ``deadline`` (``time.monotonic()``), unsynced."""
+        self._writer.finish_by(deadline)
 
     def close(self, deadline: float | None = None) -> None:
         """Finish queued writes (those not landed by ``deadline``, a ``time.monotonic()`` value, are

@@ -38,6 +38,7 @@ __all__ = [
     "WriteFailed",
     "encode_record",
     "parse_record",
+    "record_parts",
     "record_size",
     "segment_path",
 ]
@@ -61,15 +62,23 @@ def record_size(key: bytes, data_len: int) -> int:
     return HEADER_BYTES + len(key) + data_len
 
 
-def encode_record(key: bytes, entry: Entry | None) -> bytes:
-    """A record for ``entry`` under ``key``; None encodes a tombstone."""
+def record_parts(key: bytes, entry: Entry | None) -> tuple[bytes, ...]:
+    """A record for ``entry`` under ``key`` as its parts in order (None encodes a tombstone); written
+    with one ``pwritev``, so a large value is hashed and written but never copied."""
     if entry is None:
         head = HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
-        return b"".join((head, hashlib.sha256(head + key).digest(), key))
+        return head, hashlib.sha256(head + key).digest(), key
     expires = 0.0 if entry.expires_at is None else entry.expires_at
     head = HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
-    digest = hashlib.sha256(b"".join((head, key, entry.data))).digest()
-    return b"".join((head, digest, key, entry.data))
+    digest = hashlib.sha256(head)
+    digest.update(key)
+    digest.update(entry.data)
+    return head, digest.digest(), key, entry.data
+
+
+def encode_record(key: bytes, entry: Entry | None) -> bytes:
+    """A record for ``entry`` under ``key`` as one byte string; None encodes a tombstone."""
+    return b"".join(record_parts(key, entry))
 
 
 def parse_record(blob: bytes, key: bytes) -> Entry | None:
@@ -198,15 +207,23 @@ class SegmentWriter:
                 self._wake.wait(left)
             return not self._closed
 
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: write what is queued (and what comes) until ``time.monotonic()``
+        reaches ``deadline``, drop the rest, and stop syncing: the records reach the kernel's page
+        cache, which outlives this process; the device gets them at the kernel's writeback."""
+        with self._wake:
+            self._deadline = deadline
+
     def close(self, deadline: float | None = None) -> int:
-        """Apply everything queued (until ``time.monotonic()`` reaches ``deadline``, when given), stop
-        the thread and close the files; returns the records left unwritten at the deadline.
+        """Apply everything queued, stop the thread and close the files; returns the records left
+        unwritten. With a ``deadline`` (a ``time.monotonic()`` value) this is ``finish_by`` first.
 
         Records are written in offset order, so the ones left out are each segment's tail: no hole."""
         if self._thread is not None:
             with self._wake:
                 self._closed = True
-                self._deadline = deadline
+                if deadline is not None:
+                    self._deadline = deadline
                 self._wake.notify_all()
             self._thread.join()
         self._close_all()
@@ -257,15 +274,20 @@ class SegmentWriter:
                     self._close_all()
                     fd = os.open(segment_path(self._folder, op.seq), os.O_WRONLY | os.O_CREAT, 0o644)
                     self._fds[op.seq] = fd
-                view = memoryview(encode_record(op.key, op.entry))
-                offset = op.offset
+                parts = record_parts(op.key, op.entry)
+                written = os.pwritev(fd, parts, op.offset)
+                offset = op.offset + written
+                if written < sum(map(len, parts)):  # rare: a short write, finished piecewise
+                    view = memoryview(b"".join(parts))[written:]
+                else:
+                    view = memoryview(b"")
                 while view:
                     written = os.pwrite(fd, view, offset)
                     view, offset = view[written:], offset + written
                 touched.add(op.seq)
             except OSError:
                 self.failed.append(WriteFailed(op.key, op.seq, op.offset))
-        if self._fsync:
+        if self._fsync and self._deadline is None:
             for seq in touched & self._fds.keys():
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fds[seq])
@@ -273,7 +295,7 @@ class SegmentWriter:
     def _close_all(self) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
-                if self._fsync:
+                if self._fsync and self._deadline is None:
                     os.fdatasync(fd)
                 os.close(fd)
         self._fds.clear()

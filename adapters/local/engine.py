@@ -68,6 +68,7 @@ class _Loaded:
         if self.offload is None:
             return
         deadline = time.monotonic() + flush_s
+        self.offload.finish_by(deadline)
         if self.offload.write_behind is not None:
             self.offload.write_behind.flush(deadline)
         self.offload.close(deadline)

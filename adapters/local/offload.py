@@ -170,6 +170,11 @@ class KVOffload:
         """Wait (until `time.monotonic()` reaches `deadline`) for room for one page in the L3 queue."""
         return self.disk is not None and self.disk.wait_room(self.codec.nbytes, deadline)
 
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: L3 writes land until `deadline` (`time.monotonic()`), unsynced."""
+        if self.disk is not None:
+            self.disk.finish_by(deadline)
+
     def persist(self, key: bytes, page: int) -> bool:
         """Write pool `page` (still cached) to L3 only, under `key`; False when L3 refused it."""
         if self.disk is None or self.disk.contains(key):

@@ -23,7 +23,9 @@ import pytest
 from adapters.local.config import DEFAULT_MODEL_ID
 
 ROOT = Path(__file__).parents[2]
-SYSTEM = " ".join(f"Rule {n}: answer politely, cite the handbook section {n}, and keep it short." for n in range(40))
+SYSTEM = " ".join(
+    f"Rule {n}: answer politely, cite the handbook section {n}, and keep it short." for n in range(40)
+)
 QUESTION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is rule 7?"}]
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -41,7 +43,11 @@ def serve(cache_dir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     port = _free_port()
     command = [sys.executable, "-m", "proxy.cli", "serve", "--cache-dir", str(cache_dir), "--port", str(port)]
     process = subprocess.Popen(
-        [*command, "--log-level", "info"], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        [*command, "--log-level", "info"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 180
@@ -68,7 +74,11 @@ def ask(base_url: str) -> tuple[str, int, int]:
         )
     usage = reply.usage
     assert usage is not None and usage.prompt_tokens_details is not None
-    return reply.choices[0].message.content or "", usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+    return (
+        reply.choices[0].message.content or "",
+        usage.prompt_tokens,
+        usage.prompt_tokens_details.cached_tokens or 0,
+    )
 
 
 def stop(process: subprocess.Popen[str], how: signal.Signals) -> str:
