@@ -152,9 +152,13 @@ class KVOffload:
         keys = self.keys(salt, tokens)
         for index, page in enumerate(pages):
             key = keys[first_page + index]
-            if self.store.locate(key) is not None:  # loaded from the store, or offloaded before
+            tier = self.store.locate(key)
+            if tier == L2_TIER:  # loaded from the store, or offloaded before
                 continue
-            self.store.put(key, self.codec.encode(page), cost=float(self.page_size))
+            if tier == L3_TIER:  # written behind while cached: a memory copy makes its reload fast
+                self.store.put_into(L2_TIER, key, self.codec.encode(page), cost=float(self.page_size))
+            else:
+                self.store.put(key, self.codec.encode(page), cost=float(self.page_size))
             self.offloaded_pages += 1
         self.offload_seconds += time.perf_counter() - started
 

@@ -15,8 +15,8 @@ import pytest
 
 from adapters.local import LocalEngine
 from adapters.local.engine import Generation
-from adapters.local.offload import L3_TIER
-from tests.adapters.local.test_offload import offload_stats, tier_hits
+from adapters.local.offload import L2_TIER, L3_TIER
+from tests.adapters.local.test_offload import EVICTORS, POOL, evict, offload_stats, tier_hits
 from tests.adapters.local.test_scheduler import PAGE, greedy, prompts, run
 
 PROMPT = prompts(1, 64, seed=21)[0]  # 4 pages; 3 whole ones are reusable (the last token is computed)
@@ -99,3 +99,18 @@ def test_write_behind_off_writes_only_evicted_pages(
     restarted = make_tiny(kv_offload=True, kv_offload_dir=tmp_path)
     (again,) = run(restarted, [PROMPT], greedy(4))
     assert again.cached_tokens == 0
+
+
+def test_a_page_written_behind_then_evicted_reloads_from_memory(
+    make_tiny: Callable[..., LocalEngine], reference: Generation, tmp_path: Path
+) -> None:
+    engine = make_tiny(
+        kv_budget_tokens=POOL, kv_offload=True, kv_offload_dir=tmp_path, kv_write_behind_after_s=0
+    )
+    run(engine, [PROMPT], greedy(8))
+    assert written(engine, 3) >= 3
+    evict(engine, EVICTORS[:2])
+    (again,) = run(engine, [PROMPT], greedy(8))
+    assert again.cached_tokens == 3 * PAGE
+    assert again.token_ids == reference.token_ids
+    assert tier_hits(offload_stats(engine), L2_TIER) >= 3  # eviction kept a memory copy too
