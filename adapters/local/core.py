@@ -1,11 +1,11 @@
 """The engine thread: take requests, step the batch, sample, hand results back.
 
 One daemon thread owns the model, the KV pool, the prefix cache and the scheduler, so none of
-them needs a lock. Each iteration also writes a bounded few due cache pages behind to disk
-(`adapters.local.write_behind`). The event loop talks to it through a small inbox (submit, cancel) guarded by
+them needs a lock. The event loop talks to it through a small inbox (submit, cancel) guarded by
 a lock and an Event that wakes the thread; results go out through each job's `sink`, which the
 async side implements with `loop.call_soon_threadsafe`. New requests join between steps, and a
-cancelled job's sequences are dropped (pages released) before the next step runs.
+cancelled job's sequences are dropped (pages released) before the next step runs. Each iteration
+also writes a bounded few due cache pages behind to disk (`adapters.local.write_behind`).
 
 A failure inside a step fails every job in flight with an `EngineError` and resets the pool, so
 one bad batch cannot wedge the engine.
