@@ -245,13 +245,17 @@ class SegmentWriter:
                 batch = list(self._queue)
                 self._queue.clear()
             self._apply(batch)
-            with self._wake:
-                for op in batch:
-                    if isinstance(op, _Write) and op.entry is not None:
-                        self._queued_bytes -= len(op.entry.data)
-                        if self._pending.get(op.key) is op:
-                            del self._pending[op.key]
-                self._wake.notify_all()  # a `wait_room` caller may go on
+
+    def _landed(self, op: _Write) -> None:
+        """``op``'s record is written (or refused): its bytes leave the queue's budget at once, so a
+        `wait_room` caller goes on while the rest of the batch is written."""
+        if self._thread is None or op.entry is None:
+            return
+        with self._wake:
+            self._queued_bytes -= len(op.entry.data)
+            if self._pending.get(op.key) is op:
+                del self._pending[op.key]
+            self._wake.notify_all()
 
     def _apply(self, batch: list[_Write | _Drop]) -> None:
         touched: set[int] = set()
@@ -287,6 +291,7 @@ class SegmentWriter:
                 touched.add(op.seq)
             except OSError:
                 self.failed.append(WriteFailed(op.key, op.seq, op.offset))
+            self._landed(op)
         if self._fsync and self._deadline is None:
             for seq in touched & self._fds.keys():
                 with contextlib.suppress(OSError):
