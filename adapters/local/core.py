@@ -186,7 +186,7 @@ class EngineCore:
     def _write_due(self) -> float | None:
         """The prefix cache's write-behind share of this iteration (a few page copies at most)."""
         try:
-            return self.cache.write_due()
+            return self.cache.write_due(busy=self.scheduler.has_work())
         except Exception:  # a failed disk copy loses a cache entry, never the engine
             logger.exception("KV write-behind failed")
             return None

@@ -162,6 +162,11 @@ class KVOffload:
             self.offloaded_pages += 1
         self.offload_seconds += time.perf_counter() - started
 
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one encoded page."""
+        return self.codec.nbytes
+
     def on_disk(self, key: bytes) -> bool:
         """Whether the L3 tier holds `key` (False without one: there is nothing to write to)."""
         return self.disk is None or self.disk.contains(key)

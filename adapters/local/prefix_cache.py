@@ -159,9 +159,10 @@ class PrefixCache:
             if self.evict(excess) == 0:
                 return
 
-    def write_due(self) -> float | None:
-        """Write due pages to disk (a bounded few); seconds until the next is due, None if none is."""
-        return self.write_behind.step() if self.write_behind is not None else None
+    def write_due(self, *, busy: bool) -> float | None:
+        """Write due pages to disk (a bounded few; fewer while `busy`); seconds until the next is
+        due, None if none is tracked."""
+        return self.write_behind.step(busy=busy) if self.write_behind is not None else None
 
     def _forget(self, freed: list[int]) -> None:
         """Pages the tree dropped: release its references, stop tracking them for write-behind."""
