@@ -123,9 +123,7 @@ def decode(model: LoadedModel, base: LocalEngineConfig, rounds: int) -> None:
         print(f"| {name} | {each} | {median:.1f} | {median / off:.3f} | {written[name]} |")
     worst = min(statistics.median(values) for values in rates.values()) / off
     verdict = "PASS" if worst >= DECODE_FLOOR else "FAIL"
-    print(
-        f"\ndecode, worst setting / off (median): {worst:.3f} (floor >= {DECODE_FLOOR}) {verdict}\n"
-    )
+    print(f"\ndecode, worst setting / off (median): {worst:.3f} (floor >= {DECODE_FLOOR}) {verdict}\n")
 
 
 def quiet(engines: Iterable[LocalEngine]) -> None:
