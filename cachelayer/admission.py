@@ -5,20 +5,21 @@ on a miss, a store (encode, insert, evict; measured in ``benchmarks/RESULTS.md``
 ever repeats, all of that buys nothing. The gate sees each cacheable request's raw body first:
 
 - ``always``: every request takes the cache's full path, and every complete answer is stored.
-- ``second_sighting``: only a body the *doorkeeper* has seen takes the full path (and its answer is
-  stored); a body seen for the first time is only remembered, as a tag in a bounded set that is
-  cleared when full (TinyLFU's doorkeeper), and forwarded as a miss with no key, lookup or store.
-  A repeated request is stored on its second sighting and hit from its third.
+- ``second_sighting``: only the answer of a body the *doorkeeper* has seen is stored; a body seen
+  for the first time is remembered, as a tag in a bounded set that is cleared when full (TinyLFU's
+  doorkeeper), and its answer is not stored. Every request is still looked up: admission decides
+  what is stored, never what is read, so an entry stored earlier (or by an earlier process, on
+  disk) is found on its first sighting too. A repeated request is stored on its second sighting
+  and hit from its third.
 - ``adaptive`` (the default): ``always`` while the cache earns hits, ``second_sighting`` while it
   does not. Every ``window_lookups`` cacheable requests, the hit rate of that window is compared with
   ``min_hit_rate``; below it the gate turns selective, and a window at or above it turns it back.
   A fresh gateway starts in ``always``, so a repeated request hits from its second sighting until a
   whole window of traffic has shown that nothing repeats.
 
-The price of the selective mode: a request is recognised by its exact bytes there. After a stretch
-with no reuse, the first repeat of an answer stored earlier, or of a differently written but
-equivalent request, is one more miss (the engine answers; the second sighting looks up and stores).
-For traffic that never repeats, the cache then costs a hash of the body and a set insert.
+The price of the selective mode: a request is recognised by its exact bytes there, so a differently
+written but equivalent request is one more miss before it is stored. For traffic that never
+repeats, the cache then costs a key, a lookup and a set insert, but no store (encode, insert, evict).
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ class AdmissionGate:
             self._lookups = self._hits = 0
 
     def admit(self, body: bytes) -> bool:
-        """Whether the request with raw ``body`` takes the full path (key, lookup, store); a first
-        sighting in the selective mode is remembered instead."""
+        """Whether the answer of the request with raw ``body`` is stored on a miss; a first sighting
+        in the selective mode is remembered instead."""
         if not self.selective:
             return True
         tag = hash(body)

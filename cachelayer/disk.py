@@ -14,7 +14,9 @@ the only writer).
 - Reads ``pread`` one record and verify its length, key and checksum; anything wrong (truncation,
   bit flips, a torn write) is a miss and the entry is forgotten. A restart scans record headers in
   write order (later records win; tombstones delete) and starts a new segment, so a torn tail is
-  never appended to.
+  never appended to. A damaged header is skipped up to the next record that verifies
+  (``cachelayer.segment_scan``), and a file in ``seg/`` that is not named like a segment is left
+  alone; both are logged as warnings, and each damaged stretch counts as one error.
 
 With ``write_behind`` records are written by one writer thread: the caller (a request on an event
 loop) pays a queue append, and until a record lands its entry is served from the queue. A write
@@ -22,13 +24,17 @@ the queue cannot take (more than ``max_pending_bytes`` waiting) is not stored, l
 refusal; one the disk refuses is noticed at the next call and forgotten. ``close`` drains the
 queue, so a clean shutdown loses nothing; a crash loses at most the queued writes. ``fsync`` syncs
 the data once per batch the writer drains (per record without ``write_behind``); the directory is
-not synced, so a power loss may lose the newest entries but never makes one read back wrong.
+not synced, so a power loss may lose the newest entries but never makes one read back wrong. A
+shutdown bounded by a deadline (``finish_by``, ``close(deadline)``) writes what it can by then
+without syncing: the records are in the kernel's page cache, which outlives the process (a restart
+finds them), and reach the device at the kernel's writeback; what misses the deadline is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -36,14 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachelayer.policies import make_policy
-from cachelayer.segment_log import (
-    SUFFIX,
-    SegmentWriter,
-    parse_record,
-    record_size,
-    scan_segment,
-    segment_path,
-)
+from cachelayer.segment_log import SUFFIX, SegmentWriter, parse_record, record_size, segment_path
+from cachelayer.segment_scan import scan_segment
 from cachelayer.stats import TierCounters, TierSnapshot
 from cachelayer.tier import Entry
 
@@ -54,6 +54,8 @@ DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 64 * 1024 * 1024
 SEGMENTS_PER_BUDGET = 16
 _SEGMENTS = "seg"
+
+logger = logging.getLogger(__name__)
 
 
 class CacheDirLockedError(RuntimeError):
@@ -218,9 +220,26 @@ class DiskTier:
             capacity=self._config.capacity_bytes,
         )
 
-    def close(self) -> None:
-        """Finish queued writes, then release the directory lock (the files stay for the next owner)."""
-        self._writer.close()
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a ``put`` of ``nbytes`` of data would be queued now rather than refused."""
+        return self._writer.has_room(nbytes)
+
+    def wait_room(self, nbytes: int, deadline: float) -> bool:
+        """Wait, until ``time.monotonic()`` reaches ``deadline``, for the queue to take ``nbytes``."""
+        return self._writer.wait_room(nbytes, deadline)
+
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: queued writes land until ``deadline`` (``time.monotonic()``), unsynced."""
+        self._writer.finish_by(deadline)
+
+    def close(self, deadline: float | None = None) -> None:
+        """Finish queued writes (those not landed by ``deadline``, a ``time.monotonic()`` value, are
+        dropped: the next owner misses them), then release the directory lock; the files stay."""
+        abandoned = self._writer.close(deadline)
+        if abandoned:
+            logger.warning(
+                "%s: %d queued records not written before the close deadline", self.name, abandoned
+            )
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
@@ -326,13 +345,27 @@ class DiskTier:
             with contextlib.suppress(OSError):
                 legacy.unlink()
                 legacy.parent.rmdir()
-        seqs = sorted(int(path.name.removesuffix(SUFFIX)) for path in self._folder.glob(f"*{SUFFIX}"))
+        seqs = self._segment_files()
         now = self._clock()
         for seq in seqs:
             path = segment_path(self._folder, seq)
             segment = self._segments[seq] = _Segment(size=os.stat(path).st_size)
             self._file_bytes += segment.size
-            for record in scan_segment(path):
+            scan = scan_segment(path)
+            if scan.gaps:
+                self._counters.errors += scan.gaps
+                logger.warning(
+                    "%s: segment %s has %d damaged stretches (%d bytes) skipped; the records there are lost",
+                    self.name,
+                    path,
+                    scan.gaps,
+                    scan.dropped_bytes,
+                )
+            if scan.torn_tail:
+                logger.info(
+                    "%s: segment %s ends in %d bytes of a cut-short write", self.name, path, scan.torn_tail
+                )
+            for record in scan.records:
                 if record.key in self._index:
                     self._forget(record.key)
                 if record.tombstone or (record.expires_at is not None and record.expires_at <= now):
@@ -350,3 +383,14 @@ class DiskTier:
         demotes, self.demotes = self.demotes, False
         self._make_room(0)  # the budget may have shrunk since the last run
         self.demotes = demotes
+
+    def _segment_files(self) -> list[int]:
+        """Sequence numbers of the segment files in ``seg/``, in order; other files are skipped."""
+        seqs: list[int] = []
+        for path in self._folder.glob(f"*{SUFFIX}"):
+            stem = path.name.removesuffix(SUFFIX)
+            if stem.isdigit() and path.is_file() and segment_path(self._folder, int(stem)) == str(path):
+                seqs.append(int(stem))
+            else:
+                logger.warning("%s: skipping %s, which is not a segment of this cache", self.name, path)
+        return sorted(seqs)

@@ -208,6 +208,7 @@ class ResponseCache:
         """The store's counters."""
         return self.store.stats()
 
-    def close(self) -> None:
-        """Release the store's files and connections."""
-        self.store.close()
+    def close(self, deadline: float | None = None) -> None:
+        """Release the store's files and connections (queued disk writes not landed by ``deadline``,
+        a ``time.monotonic()`` value, are dropped)."""
+        self.store.close(deadline)

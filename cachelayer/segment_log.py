@@ -12,7 +12,7 @@ all little-endian; ``flags`` bit 0 marks a tombstone (a deletion, no data). One 
 Every write goes to an offset the tier chose when it accepted the entry, so writes may be queued
 (``SegmentWriter``) and the tier can answer for a queued entry from memory until it lands. A torn
 record (a crash mid-write) fails its checksum or runs past the end of the file: a miss, never a
-wrong answer.
+wrong answer. Reading a segment back at startup is ``cachelayer.segment_scan``.
 """
 
 from __future__ import annotations
@@ -24,27 +24,28 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cachelayer.tier import Entry
 
 __all__ = [
+    "HEAD",
     "HEADER_BYTES",
-    "ScannedRecord",
+    "MAGIC",
+    "TOMBSTONE",
     "SegmentWriter",
     "WriteFailed",
     "encode_record",
     "parse_record",
+    "record_parts",
     "record_size",
-    "scan_segment",
     "segment_path",
 ]
 
 MAGIC = b"RGC2"
-_HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
-HEADER_BYTES = _HEAD.size + 32
+HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
+HEADER_BYTES = HEAD.size + 32
 TOMBSTONE = 1
 SUFFIX = ".rgs"
 BATCH_WAIT_S = 0.005
@@ -61,69 +62,42 @@ def record_size(key: bytes, data_len: int) -> int:
     return HEADER_BYTES + len(key) + data_len
 
 
-def encode_record(key: bytes, entry: Entry | None) -> bytes:
-    """A record for ``entry`` under ``key``; None encodes a tombstone."""
+def record_parts(key: bytes, entry: Entry | None) -> tuple[bytes, ...]:
+    """A record for ``entry`` under ``key`` as its parts in order (None encodes a tombstone); written
+    with one ``pwritev``, so a large value is hashed and written but never copied."""
     if entry is None:
-        head = _HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
-        return b"".join((head, hashlib.sha256(head + key).digest(), key))
+        head = HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
+        return head, hashlib.sha256(head + key).digest(), key
     expires = 0.0 if entry.expires_at is None else entry.expires_at
-    head = _HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
-    digest = hashlib.sha256(b"".join((head, key, entry.data))).digest()
-    return b"".join((head, digest, key, entry.data))
+    head = HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
+    digest = hashlib.sha256(head)
+    digest.update(key)
+    digest.update(entry.data)
+    return head, digest.digest(), key, entry.data
+
+
+def encode_record(key: bytes, entry: Entry | None) -> bytes:
+    """A record for ``entry`` under ``key`` as one byte string; None encodes a tombstone."""
+    return b"".join(record_parts(key, entry))
 
 
 def parse_record(blob: bytes, key: bytes) -> Entry | None:
     """The entry in ``blob`` (one whole record) if it is intact, live data for ``key``; else None."""
     if len(blob) < HEADER_BYTES:
         return None
-    magic, flags, expires, cost, key_len, data_len = _HEAD.unpack_from(blob)
+    magic, flags, expires, cost, key_len, data_len = HEAD.unpack_from(blob)
     if magic != MAGIC or flags & TOMBSTONE or len(blob) != HEADER_BYTES + key_len + data_len:
         return None
     if blob[HEADER_BYTES : HEADER_BYTES + key_len] != key:
         return None
     body = memoryview(blob)
-    digest = hashlib.sha256(body[: _HEAD.size])
+    digest = hashlib.sha256(body[: HEAD.size])
     digest.update(body[HEADER_BYTES:])
-    if digest.digest() != blob[_HEAD.size : HEADER_BYTES]:
+    if digest.digest() != blob[HEAD.size : HEADER_BYTES]:
         return None
     return Entry(
         data=blob[HEADER_BYTES + key_len :], expires_at=None if expires == 0.0 else expires, cost=cost
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedRecord:
-    """A record found by the startup scan (its checksum is verified only when it is read)."""
-
-    key: bytes
-    offset: int
-    size: int
-    tombstone: bool
-    expires_at: float | None
-    cost: float
-
-
-def scan_segment(path: str) -> Iterator[ScannedRecord]:
-    """The records of one segment in order, stopping at the first that is torn or not ours."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - the generator closes it
-    except OSError:
-        return
-    with handle:
-        end = os.fstat(handle.fileno()).st_size
-        offset = 0
-        while offset + HEADER_BYTES <= end:
-            head = handle.read(HEADER_BYTES)
-            magic, flags, expires, cost, key_len, data_len = _HEAD.unpack_from(head)
-            size = HEADER_BYTES + key_len + data_len
-            if magic != MAGIC or offset + size > end:
-                return
-            key = handle.read(key_len)
-            handle.seek(data_len, os.SEEK_CUR)
-            yield ScannedRecord(
-                key, offset, size, bool(flags & TOMBSTONE), None if expires == 0.0 else expires, cost
-            )
-            offset += size
 
 
 @dataclass(slots=True, eq=False)
@@ -165,6 +139,8 @@ class SegmentWriter:
         self._queue: deque[_Write | _Drop] = deque()
         self._queued_bytes = 0
         self._closed = False
+        self._deadline: float | None = None
+        self._abandoned = 0
         self._idle = False
         self._wake = threading.Condition()
         self.failed: deque[WriteFailed] = deque()
@@ -212,14 +188,46 @@ class SegmentWriter:
             op = self._pending.get(key)
         return op.entry if op is not None and op.seq == seq and op.offset == offset else None
 
-    def close(self) -> None:
-        """Apply everything queued, stop the thread and close the files."""
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a write of ``nbytes`` would be queued now (always, without a writer thread)."""
+        if self._thread is None:
+            return True
+        with self._wake:
+            return not self._closed and self._queued_bytes + nbytes <= self._max_pending_bytes
+
+    def wait_room(self, nbytes: int, deadline: float) -> bool:
+        """Wait until a write of ``nbytes`` fits the queue, or ``time.monotonic()`` reaches ``deadline``."""
+        if self._thread is None:
+            return True
+        with self._wake:
+            while self._queued_bytes + nbytes > self._max_pending_bytes and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+            return not self._closed
+
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: write what is queued (and what comes) until ``time.monotonic()``
+        reaches ``deadline``, drop the rest, and stop syncing: the records reach the kernel's page
+        cache, which outlives this process; the device gets them at the kernel's writeback."""
+        with self._wake:
+            self._deadline = deadline
+
+    def close(self, deadline: float | None = None) -> int:
+        """Apply everything queued, stop the thread and close the files; returns the records left
+        unwritten. With a ``deadline`` (a ``time.monotonic()`` value) this is ``finish_by`` first.
+
+        Records are written in offset order, so the ones left out are each segment's tail: no hole."""
         if self._thread is not None:
             with self._wake:
                 self._closed = True
-                self._wake.notify()
+                if deadline is not None:
+                    self._deadline = deadline
+                self._wake.notify_all()
             self._thread.join()
         self._close_all()
+        return self._abandoned
 
     def _run(self) -> None:
         while True:
@@ -237,16 +245,25 @@ class SegmentWriter:
                 batch = list(self._queue)
                 self._queue.clear()
             self._apply(batch)
-            with self._wake:
-                for op in batch:
-                    if isinstance(op, _Write) and op.entry is not None:
-                        self._queued_bytes -= len(op.entry.data)
-                        if self._pending.get(op.key) is op:
-                            del self._pending[op.key]
+
+    def _landed(self, op: _Write) -> None:
+        """``op``'s record is written (or refused): its bytes leave the queue's budget at once, so a
+        `wait_room` caller goes on while the rest of the batch is written."""
+        if self._thread is None or op.entry is None:
+            return
+        with self._wake:
+            self._queued_bytes -= len(op.entry.data)
+            if self._pending.get(op.key) is op:
+                del self._pending[op.key]
+            self._wake.notify_all()
 
     def _apply(self, batch: list[_Write | _Drop]) -> None:
         touched: set[int] = set()
-        for op in batch:
+        for done, op in enumerate(batch):
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self._abandoned += len(batch) - done
+                break
             if isinstance(op, _Drop):
                 fd = self._fds.pop(op.seq, None)
                 if fd is not None:
@@ -261,15 +278,21 @@ class SegmentWriter:
                     self._close_all()
                     fd = os.open(segment_path(self._folder, op.seq), os.O_WRONLY | os.O_CREAT, 0o644)
                     self._fds[op.seq] = fd
-                view = memoryview(encode_record(op.key, op.entry))
-                offset = op.offset
+                parts = record_parts(op.key, op.entry)
+                written = os.pwritev(fd, parts, op.offset)
+                offset = op.offset + written
+                if written < sum(map(len, parts)):  # rare: a short write, finished piecewise
+                    view = memoryview(b"".join(parts))[written:]
+                else:
+                    view = memoryview(b"")
                 while view:
                     written = os.pwrite(fd, view, offset)
                     view, offset = view[written:], offset + written
                 touched.add(op.seq)
             except OSError:
                 self.failed.append(WriteFailed(op.key, op.seq, op.offset))
-        if self._fsync:
+            self._landed(op)
+        if self._fsync and self._deadline is None:
             for seq in touched & self._fds.keys():
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fds[seq])
@@ -277,7 +300,7 @@ class SegmentWriter:
     def _close_all(self) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
-                if self._fsync:
+                if self._fsync and self._deadline is None:
                     os.fdatasync(fd)
                 os.close(fd)
         self._fds.clear()

@@ -176,6 +176,17 @@ class TieredStore:
                 for level in self._levels:
                     level.put(key, entry)
 
+    def put_into(self, name: str, key: bytes, value: bytes, *, cost: float = DEFAULT_COST) -> bool:
+        """Store ``value`` in the tier named ``name`` only, with no TTL; False when that tier refused it.
+
+        For a value whose original lives elsewhere (a KV page still in the engine's pool, written
+        to disk so that it outlives the process), where a copy in the memory tiers would be waste.
+        """
+        entry = Entry(value, None, cost)
+        with self._lock:
+            level = next(level for level in self._levels if level.name == name)
+            return all(out_key != key for out_key, _ in level.put(key, entry))
+
     def delete(self, key: bytes) -> bool:
         """Remove ``key`` from every tier; True when any tier had it."""
         with self._lock:
@@ -197,11 +208,15 @@ class TieredStore:
                 tiers=tuple(level.stats() for level in self._levels),
             )
 
-    def close(self) -> None:
-        """Release every tier's files, locks and connections."""
+    def close(self, deadline: float | None = None) -> None:
+        """Release every tier's files, locks and connections; a disk tier's queued writes are
+        finished first, those not landed when ``time.monotonic()`` reaches ``deadline`` dropped."""
         with self._lock:
             for level in self._levels:
-                level.close()
+                if isinstance(level, DiskTier):
+                    level.close(deadline)
+                else:
+                    level.close()
 
     def _store_at(self, depth: int, key: bytes, entry: Entry) -> None:
         """Put into tier ``depth``; under write-back, cascade what it pushes out down the tiers."""

@@ -27,7 +27,8 @@ class HealthDetails(msgspec.Struct, kw_only=True):
     active_requests: int
     """Generation requests in flight."""
     components: dict[str, str]
-    """Per worker: "operational", "degraded" or "down"."""
+    """`inference_runtime`, `model_registry` and `cache_system` (the seed's), then each worker by id:
+    "operational", "degraded" or "down" ("disabled" for a cache that is off)."""
 
 
 class HealthStatus(msgspec.Struct, kw_only=True):

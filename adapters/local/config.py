@@ -43,6 +43,8 @@ DEFAULT_CACHE_DIR = Path("~/.cache/radixgate/weights")
 DEFAULT_KV_OFFLOAD_MEMORY_BYTES = 1024 * 1024 * 1024
 DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 * 1024 * 1024 * 1024
 DEFAULT_KV_OFFLOAD_MIN_SPEEDUP = 1.0
+DEFAULT_KV_WRITE_BEHIND_AFTER_S = 2.0
+DEFAULT_KV_SHUTDOWN_FLUSH_S = 10.0
 CACHE_DIR_ENV = "RADIXGATE_CACHE_DIR"
 
 
@@ -129,6 +131,13 @@ class LocalEngineConfig:
     """Byte budget of the L3 (disk) tier of offloaded pages."""
     kv_offload_min_speedup: float = DEFAULT_KV_OFFLOAD_MIN_SPEEDUP
     """Load an offloaded page only when loading is estimated this many times faster than recomputing."""
+    kv_write_behind_after_s: float | None = DEFAULT_KV_WRITE_BEHIND_AFTER_S
+    """With `kv_offload_dir`: a cached page is also written to L3 once a later prompt reuses it, or
+    once it has been cached this many seconds (`adapters.local.write_behind`), so the prefix cache
+    survives a restart. None: only evicted pages reach L3."""
+    kv_shutdown_flush_s: float = DEFAULT_KV_SHUTDOWN_FLUSH_S
+    """At shutdown, seconds allowed for writing the cached pages not yet on disk and finishing the
+    queued writes (`cache.shutdown_flush_s` sets it); what is left then is recomputed after restart."""
 
     def resolved_cache_dir(self) -> Path:
         """The weights cache directory after config, environment and default."""
@@ -159,3 +168,7 @@ class LocalEngineConfig:
             raise ValueError("kv_offload_memory_bytes and kv_offload_disk_bytes must be >= 0")
         if not self.kv_offload_min_speedup > 0:
             raise ValueError("kv_offload_min_speedup must be > 0")
+        if self.kv_write_behind_after_s is not None and self.kv_write_behind_after_s < 0:
+            raise ValueError("kv_write_behind_after_s must be >= 0")
+        if self.kv_shutdown_flush_s < 0:
+            raise ValueError("kv_shutdown_flush_s must be >= 0")

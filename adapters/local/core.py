@@ -4,7 +4,8 @@ One daemon thread owns the model, the KV pool, the prefix cache and the schedule
 them needs a lock. The event loop talks to it through a small inbox (submit, cancel) guarded by
 a lock and an Event that wakes the thread; results go out through each job's `sink`, which the
 async side implements with `loop.call_soon_threadsafe`. New requests join between steps, and a
-cancelled job's sequences are dropped (pages released) before the next step runs.
+cancelled job's sequences are dropped (pages released) before the next step runs. Each iteration
+also writes a bounded few due cache pages behind to disk (`adapters.local.write_behind`).
 
 A failure inside a step fails every job in flight with an `EngineError` and resets the pool, so
 one bad batch cannot wedge the engine.
@@ -65,6 +66,10 @@ class EngineStats:
     """Seconds from submission to first admission, per request, since start."""
     inter_token_latency: LatencyFigures
     """Seconds between two consecutive tokens of one sequence, since start."""
+    cache_nodes: int
+    """Nodes of the prefix cache's radix tree (distinct cached prefix segments)."""
+    kv_bytes_per_token: int
+    """K and V bytes of one token, every layer."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -160,9 +165,10 @@ class EngineCore:
             self._wake.clear()
             if not self._take_inbox():
                 break
+            write_in = self._write_due()
             if not self.scheduler.has_work():
                 self._publish_stats(force=True)
-                self._wake.wait()
+                self._wake.wait(write_in)  # woken by work, or when the next page is due for disk
                 continue
             step = self.scheduler.schedule()
             self._queued_update()
@@ -182,6 +188,14 @@ class EngineCore:
                 self._fail_all(EngineError(f"the local engine failed: {exc}"))
             self._publish_stats()
         self._fail_all(EngineError("the local engine stopped"))
+
+    def _write_due(self) -> float | None:
+        """The prefix cache's write-behind share of this iteration (a few page copies at most)."""
+        try:
+            return self.cache.write_due(busy=self.scheduler.has_work())
+        except Exception:  # a failed disk copy loses a cache entry, never the engine
+            logger.exception("KV write-behind failed")
+            return None
 
     def _take_inbox(self) -> bool:
         with self._lock:
@@ -323,4 +337,6 @@ class EngineCore:
             evicted_tokens=self.cache.evicted_pages * pool.page_size,
             queue_time=self.scheduler.queue_time.figures(),
             inter_token_latency=self._inter_token.figures(),
+            cache_nodes=self.cache.node_count,
+            kv_bytes_per_token=pool.page_nbytes // pool.page_size,
         )

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -60,11 +61,17 @@ class _Loaded:
     limits: EngineLimits
     offload: KVOffload | None = None
 
-    def stop(self) -> None:
-        """Stop the engine thread, then finish the offload's disk writes and release its directory."""
+    def stop(self, flush_s: float) -> None:
+        """Stop the engine thread, then write the cached pages not yet on disk and finish the
+        offload's disk writes, both within `flush_s` seconds, and release its directory."""
         self.core.stop()
-        if self.offload is not None:
-            self.offload.close()
+        if self.offload is None:
+            return
+        deadline = time.monotonic() + flush_s
+        self.offload.finish_by(deadline)
+        if self.offload.write_behind is not None:
+            self.offload.write_behind.flush(deadline)
+        self.offload.close(deadline)
 
 
 class LocalEngine:
@@ -131,6 +138,7 @@ class LocalEngine:
                 directory=cfg.kv_offload_dir.expanduser() if cfg.kv_offload_dir is not None else None,
                 disk_bytes=cfg.kv_offload_disk_bytes,
                 min_speedup=cfg.kv_offload_min_speedup,
+                write_behind_after_s=cfg.kv_write_behind_after_s,
             )
             if cfg.kv_offload and cfg.radix_cache
             else None
@@ -273,14 +281,15 @@ class LocalEngine:
         loading, self._loading, self._loaded = self._loading, None, None
         if loading is not None:
             with contextlib.suppress(Exception):
-                await asyncio.to_thread((await asyncio.wrap_future(loading)).stop)
+                loaded = await asyncio.wrap_future(loading)
+                await asyncio.to_thread(loaded.stop, self.config.kv_shutdown_flush_s)
 
     def close_sync(self) -> None:
         """Blocking `aclose`, for scripts and benchmarks without an event loop."""
         loading, self._loading, self._loaded = self._loading, None, None
         if loading is not None:
             with contextlib.suppress(Exception):
-                loading.result().stop()
+                loading.result().stop(self.config.kv_shutdown_flush_s)
 
     # ---- internals -------------------------------------------------------------------------
 

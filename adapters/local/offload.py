@@ -2,6 +2,8 @@
 
     evict (engine thread)   radix leaf -> encode each page (header + raw K/V, `offload_codec`)
                             -> L2 put (a memory copy) and L3 put (queued for the disk tier's writer)
+    persist (engine thread) a cached page that is due (`write_behind`: used twice, or cached long
+                            enough) -> encode -> L3 put only; it stays in the pool meanwhile
     admit (engine thread)   after the radix match: next block keys -> which tier holds each page ->
                             load while the cost model says loading beats recomputing -> copy into
                             free pool pages -> insert into the radix tree (`PrefixCache.match`)
@@ -31,6 +33,7 @@ from pathlib import Path
 from adapters.local.kv_pool import KVPool
 from adapters.local.offload_codec import PageCodec
 from adapters.local.offload_cost import LoadCostModel
+from adapters.local.write_behind import WriteBehind
 from cachelayer.disk import DiskTier, DiskTierConfig
 from cachelayer.keys import KeySeed, chain_hashes, seed_hash
 from cachelayer.memory import MemoryTier, MemoryTierConfig
@@ -59,6 +62,10 @@ class OffloadStats:
     """Engine-thread time spent encoding and storing evicted pages (the eviction's stall)."""
     loaded_pages: int
     """Pages loaded back into the pool (their tokens count as cached)."""
+    written_behind_pages: int
+    """Cached (not evicted) pages written to L3 by the write-behind, shutdown flush included."""
+    write_behind_pending_pages: int
+    """Cached pages with no L3 copy yet."""
     skipped_pages: int
     """Lookups that found a page but left it, the estimate saying recomputing is cheaper."""
     rejected_pages: int
@@ -90,8 +97,12 @@ class KVOffload:
         directory: Path | None,
         disk_bytes: int,
         min_speedup: float,
+        write_behind_after_s: float | None = None,
     ) -> None:
-        """Open the tiers (the L3 directory's files from an earlier run are indexed, not read)."""
+        """Open the tiers (the L3 directory's files from an earlier run are indexed, not read).
+
+        `write_behind_after_s`: with a directory, cached pages are also written to L3 once due
+        (`adapters.local.write_behind`); None writes only evicted pages."""
         self.pool = pool
         self.page_size = pool.page_size
         self.codec = PageCodec(pool)
@@ -100,6 +111,8 @@ class KVOffload:
         self._tokenizer_hash = tokenizer_hash
         self._roots: dict[str, bytes] = {}
         tiers: list[Tier] = [MemoryTier(MemoryTierConfig(name=L2_TIER, capacity_bytes=memory_bytes))]
+        self.disk: DiskTier | None = None
+        """The L3 tier (None without a directory); `persist` writes to it alone."""
         if directory is not None:
             disk = DiskTierConfig(
                 directory=directory,
@@ -108,13 +121,20 @@ class KVOffload:
                 write_behind=True,
                 max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
             )
-            tiers.append(DiskTier(disk))
+            self.disk = DiskTier(disk)
+            tiers.append(self.disk)
         self.store = TieredStore(tiers, write_policy="write_through")
+        self.write_behind = (
+            WriteBehind(self, after_s=write_behind_after_s)
+            if self.disk is not None and write_behind_after_s is not None
+            else None
+        )
         self.offloaded_pages = 0
         self.loaded_pages = 0
         self.skipped_pages = 0
         self.rejected_pages = 0
         self.offload_seconds = 0.0
+        self.persist_seconds = 0.0
         self._hits = 0
         self._misses = 0
 
@@ -132,11 +152,46 @@ class KVOffload:
         keys = self.keys(salt, tokens)
         for index, page in enumerate(pages):
             key = keys[first_page + index]
-            if self.store.locate(key) is not None:  # loaded from the store, or offloaded before
+            tier = self.store.locate(key)
+            if tier == L2_TIER:  # loaded from the store, or offloaded before
                 continue
-            self.store.put(key, self.codec.encode(page), cost=float(self.page_size))
+            if tier == L3_TIER:  # written behind while cached: a memory copy makes its reload fast
+                self.store.put_into(L2_TIER, key, self.codec.encode(page), cost=float(self.page_size))
+            else:
+                self.store.put(key, self.codec.encode(page), cost=float(self.page_size))
             self.offloaded_pages += 1
         self.offload_seconds += time.perf_counter() - started
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one encoded page."""
+        return self.codec.nbytes
+
+    def on_disk(self, key: bytes) -> bool:
+        """Whether the L3 tier holds `key` (False without one: there is nothing to write to)."""
+        return self.disk is None or self.disk.contains(key)
+
+    def disk_has_room(self) -> bool:
+        """Whether the L3 writer's queue takes one more page now."""
+        return self.disk is not None and self.disk.has_room(self.codec.nbytes)
+
+    def disk_wait_room(self, deadline: float) -> bool:
+        """Wait (until `time.monotonic()` reaches `deadline`) for room for one page in the L3 queue."""
+        return self.disk is not None and self.disk.wait_room(self.codec.nbytes, deadline)
+
+    def finish_by(self, deadline: float) -> None:
+        """Shutdown has begun: L3 writes land until `deadline` (`time.monotonic()`), unsynced."""
+        if self.disk is not None:
+            self.disk.finish_by(deadline)
+
+    def persist(self, key: bytes, page: int) -> bool:
+        """Write pool `page` (still cached) to L3 only, under `key`; False when L3 refused it."""
+        if self.disk is None or self.disk.contains(key):
+            return False
+        started = time.perf_counter()
+        stored = self.store.put_into(L3_TIER, key, self.codec.encode(page), cost=float(self.page_size))
+        self.persist_seconds += time.perf_counter() - started
+        return stored
 
     def plan(self, salt: str, tokens: Sequence[int], start_page: int) -> list[PlannedLoad]:
         """The run of pages from `start_page` on that the store holds and that is worth loading."""
@@ -184,19 +239,22 @@ class KVOffload:
         """Drop every offloaded page, in memory and on disk."""
         self.store.clear()
 
-    def close(self) -> None:
-        """Finish queued disk writes and release the L3 directory."""
-        self.store.close()
+    def close(self, deadline: float | None = None) -> None:
+        """Finish queued disk writes (until `time.monotonic()` reaches `deadline`, when given) and
+        release the L3 directory."""
+        self.store.close(deadline)
 
     def stats(self) -> OffloadStats:
         """Counters now (safe from any thread)."""
-        hits, misses = self._hits, self._misses
+        hits, misses, wb = self._hits, self._misses, self.write_behind
         tiers = self.store.stats().tiers
         return OffloadStats(
             store=StoreSnapshot(queries=hits + misses, hits=hits, misses=misses, tiers=tiers),
             offloaded_pages=self.offloaded_pages,
             offload_seconds=self.offload_seconds,
             loaded_pages=self.loaded_pages,
+            written_behind_pages=wb.written_pages if wb is not None else 0,
+            write_behind_pending_pages=wb.pending_pages if wb is not None else 0,
             skipped_pages=self.skipped_pages,
             rejected_pages=self.rejected_pages,
             prefill_tokens_per_s=self.cost.prefill.per_second,

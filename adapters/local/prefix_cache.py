@@ -14,7 +14,10 @@ memory budget, yet can never match each other's prefixes. That page stores `NO_P
 
 With a `KVOffload`, evicted pages are saved to its L2/L3 store first (the tree's `on_evict`), and a
 match continues past the tree into that store: pages found there and worth loading are copied into
-free pool pages and inserted into the tree, then matched like any cached page.
+free pool pages and inserted into the tree, then matched like any cached page. With the offload's
+write-behind (an L3 directory), pages the tree adopts are also written to disk once due
+(`adapters.local.write_behind`), so a restart finds them: the new process's tree starts empty and
+fills from the store as prompts miss it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class PrefixCache:
         self.page_size = pool.page_size
         self.max_cached_tokens = max_cached_tokens
         self.offload = offload if enabled else None
+        self.write_behind = self.offload.write_behind if self.offload is not None else None
         on_evict = self._save_evicted if self.offload is not None else None
         self._tree: RadixTree[int] = RadixTree(page_size=pool.page_size, policy=policy, on_evict=on_evict)
         self._salts: dict[str, list[int]] = {}
@@ -89,6 +93,8 @@ class PrefixCache:
             found = self._tree.match_prefix(key)
         pages = [p for p in found.values if p != NO_PAGE]
         matched = max(found.length - len(head), 0)
+        if self.write_behind is not None:
+            self.write_behind.used(pages)
         self._tree.lock(found.node)
         self.pool.retain(pages)
         return PrefixHit(tokens=matched, pages=pages, node=found.node)
@@ -110,6 +116,12 @@ class PrefixCache:
         adopted = [p for p in values[present:] if p != NO_PAGE]
         self.pool.retain(adopted)
         self._pages.update(adopted)
+        if self.write_behind is not None and adopted:
+            assert self.offload is not None
+            head_pages = len(head) // self.page_size
+            keys = self.offload.keys(salt, tokens[:whole])
+            first = max(present, head_pages)
+            self.write_behind.track(zip(values[first:], keys[first - head_pages :], strict=True))
         return self._tree.match_prefix(key).node
 
     def lock(self, node: RadixNode[int]) -> None:
@@ -123,16 +135,13 @@ class PrefixCache:
         if pages <= 0 or not self.enabled:
             return 0
         freed = [p for p in self._tree.evict(pages * self.page_size) if p != NO_PAGE]
-        self.pool.release(freed)
-        self._pages.difference_update(freed)
+        self._forget(freed)
         self.evicted_pages += len(freed)
         return len(freed)
 
     def clear(self) -> None:
         """Drop every cached prefix no running sequence has locked, and every offloaded page."""
-        freed = [p for p in self._tree.clear() if p != NO_PAGE]
-        self.pool.release(freed)
-        self._pages.difference_update(freed)
+        self._forget([p for p in self._tree.clear() if p != NO_PAGE])
         if self.offload is not None:
             self.offload.clear()
 
@@ -149,6 +158,23 @@ class PrefixCache:
             excess = self.cached_pages - self.max_cached_tokens // self.page_size
             if self.evict(excess) == 0:
                 return
+
+    def write_due(self, *, busy: bool) -> float | None:
+        """Write due pages to disk (a bounded few; fewer while `busy`); seconds until the next is
+        due, None if none is tracked."""
+        return self.write_behind.step(busy=busy) if self.write_behind is not None else None
+
+    def _forget(self, freed: list[int]) -> None:
+        """Pages the tree dropped: release its references, stop tracking them for write-behind."""
+        self.pool.release(freed)
+        self._pages.difference_update(freed)
+        if self.write_behind is not None:
+            self.write_behind.forget(freed)
+
+    @property
+    def node_count(self) -> int:
+        """Nodes of the radix tree (salt pages included)."""
+        return self._tree.node_count
 
     @property
     def cached_pages(self) -> int:

@@ -15,13 +15,13 @@ from typing import Any
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import JSONBody
 
 from adapters.engine_metrics import FlushesCache
 from proxy.auth import Tenant, admin_guard, tenant_guard
 from proxy.cache.layer import CacheLayer
 from proxy.cache.stats import CacheStatsResponse, build_stats
 from proxy.cache.warm import WarmRequest, WarmResult, warm
+from proxy.errors import ApiError, split_validation_error
 from proxy.gateway import Gateway
 
 CACHE_STATS_PATH = "/v1/cache/stats"
@@ -69,6 +69,7 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
             layer.alerts,
             enabled=layer.responses is not None,
             shared=layer.settings.share_across_tenants,
+            warming=layer.warmer.progress if layer.warmer is not None else None,
         )
 
     @post(CACHE_CLEAR_PATH, guards=admins, status_code=200, name="cache_clear")
@@ -90,8 +91,30 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
         return ClearResult(response_cache=removed, routing_trees_cleared=len(workers), engines=engines)
 
     @post(CACHE_WARM_PATH, guards=admins, status_code=200, name="cache_warm")
-    async def cache_warm(request: Request[Any, Any, Any], data: JSONBody[WarmRequest]) -> WarmResult:
+    async def cache_warm(request: Request[Any, Any, Any]) -> WarmResult:
         tenant: Tenant = request.state.tenant  # set by the admin guard
-        return await warm(gateway, tenant, data)
+        return await warm(gateway, tenant, decode_warm_request(await request.body()))
 
     return [cache_stats, cache_clear, cache_warm]
+
+
+_warm_decoder = msgspec.json.Decoder(WarmRequest)
+
+
+def decode_warm_request(raw: bytes) -> WarmRequest:
+    """The body of `POST /v1/cache/warm`; an OpenAI-shaped 400 that says what is wrong otherwise."""
+    if not raw.strip():
+        raise ApiError(
+            400,
+            "The request body is empty: send a JSON object with `requests` (whole chat or completion "
+            "bodies) and/or `prompts` with `model`.",
+            param="requests",
+            code="missing_body",
+        )
+    try:
+        return _warm_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        message, path = split_validation_error(str(exc))
+        raise ApiError(400, f"Invalid warm request: {message}", param=path) from None
+    except msgspec.DecodeError:
+        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None

@@ -255,9 +255,10 @@ def _overlay(base: Any, section: Any) -> Any:
 
 def local_engine_config(settings: Settings) -> LocalEngineConfig:
     """The embedded engine's config: with a cache directory (`--cache-dir DIR`), KV pages the engine
-    evicts are offloaded to memory and to `DIR/kv`, unless `local_engine.kv_offload_dir` names
-    another directory."""
-    engine = settings.local_engine
+    evicts (and, written behind, those it keeps) are offloaded to memory and to `DIR/kv`, unless
+    `local_engine.kv_offload_dir` names another directory. `cache.shutdown_flush_s` bounds the
+    engine's flush of pages to disk at shutdown."""
+    engine = replace(settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s)
     if settings.cache.dir is None or engine.kv_offload_dir is not None:
         return engine
     return replace(engine, kv_offload=True, kv_offload_dir=settings.cache.dir.expanduser() / KV_SUBDIR)

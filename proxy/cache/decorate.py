@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from adapters.schema import Usage
-from proxy.cache.stats import percent
+from proxy.cache.radix_stats import percent
 from proxy.cache.step import CachedCall
 from proxy.errors import ErrorDetail
 from proxy.responder import REQUEST_ID_HEADER, Headers, Responder
@@ -84,8 +84,14 @@ class AnswerDecorator:
             return
         self._usage, self._answer_bytes = head.usage, len(body)
         cache_stats, performance, cached_tokens = self._extras()
-        if isinstance(fields.get("usage"), dict):
-            fields["usage"]["cached_tokens"] = cached_tokens
+        usage = fields.get("usage")
+        if isinstance(usage, dict):  # one figure in both places (a hit: every prompt token)
+            usage["cached_tokens"] = cached_tokens
+            details = usage.get("prompt_tokens_details")
+            usage["prompt_tokens_details"] = {
+                **(details if isinstance(details, dict) else {}),
+                "cached_tokens": cached_tokens,
+            }
         fields.update(cache_stats=cache_stats, performance=performance, request_id=self._request_id)
         await self._next.send_json(msgspec.json.encode(fields), headers)
 

@@ -24,6 +24,10 @@ class OffloadFigures(Protocol):
     @property
     def loaded_pages(self) -> int: ...
     @property
+    def written_behind_pages(self) -> int: ...
+    @property
+    def write_behind_pending_pages(self) -> int: ...
+    @property
     def skipped_pages(self) -> int: ...
     @property
     def rejected_pages(self) -> int: ...
@@ -50,6 +54,10 @@ class KvPagesStats(msgspec.Struct, kw_only=True):
     """Lookups past the engine's radix match that stopped: page absent, damaged or not worth loading."""
     offloaded_pages: int
     loaded_pages: int
+    written_behind_pages: int
+    """Cached (not evicted) pages written to disk so that they outlive the process."""
+    write_behind_pending_pages: int
+    """Cached pages with no disk copy yet (written once due, or by the shutdown flush)."""
     skipped_pages: int
     """Pages found but left, the estimate saying recomputing them is cheaper."""
     rejected_pages: int
@@ -68,6 +76,8 @@ def kv_pages_stats(worker: str, figures: OffloadFigures) -> KvPagesStats:
         misses=figures.store.misses,
         offloaded_pages=figures.offloaded_pages,
         loaded_pages=figures.loaded_pages,
+        written_behind_pages=figures.written_behind_pages,
+        write_behind_pending_pages=figures.write_behind_pending_pages,
         skipped_pages=figures.skipped_pages,
         rejected_pages=figures.rejected_pages,
         prefill_tokens_per_s=figures.prefill_tokens_per_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,6 +27,7 @@ from proxy.cache.config import ContextCacheConfig, cache_config
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.settings import CacheSettings, CacheSettingsError
 from proxy.cache.step import ResponseCacheStep
+from proxy.cache.warm_file import WarmFileRunner
 from proxy.config import SettingsError
 from proxy.routing.pool import WorkerPool
 from proxy.settings import Settings
@@ -55,6 +57,8 @@ class CacheLayer:
         self.step = ResponseCacheStep(responses, monitor, admission, tracer)
         self.alerts = AlertBook()
         """Since when each alert of `/v1/cache/stats` has held."""
+        self.warmer = WarmFileRunner(settings.warm_file) if settings.warm_file is not None else None
+        """Runs `[cache] warm_file` in the background once the app has started."""
 
     @classmethod
     def from_settings(
@@ -73,6 +77,9 @@ class CacheLayer:
             config = cache_config(settings)
         except CacheSettingsError as exc:  # settings built in code skip `load_settings`'s check
             raise SettingsError(f"invalid setting {exc.key}: {exc.message}") from exc
+        warm_file = settings.cache.warm_file
+        if warm_file is not None and not warm_file.is_file():
+            raise SettingsError(f"invalid setting cache.warm_file: {warm_file} is not a readable file")
         responses = None
         if settings.cache.response_cache:
             try:
@@ -110,11 +117,18 @@ class CacheLayer:
         return self.store_stats()
 
     @asynccontextmanager
-    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
-        """On shutdown: finish storing answers in flight, then close the store's files and connections."""
+    async def lifespan(self, app: Litestar) -> AsyncIterator[None]:
+        """After start: begin the warm file's run. On shutdown: stop it, finish storing answers in
+        flight, then close the store's files and connections (queued disk writes get
+        `cache.shutdown_flush_s`)."""
+        if self.warmer is not None:
+            self.warmer.start(app.state.gateway)
         try:
             yield
         finally:
+            if self.warmer is not None:
+                await self.warmer.stop()
+            deadline = time.monotonic() + self.settings.shutdown_flush_s
             await self.step.drain()
             if self.responses is not None:
-                await asyncio.to_thread(self.responses.close)
+                await asyncio.to_thread(self.responses.close, deadline)

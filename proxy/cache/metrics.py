@@ -30,7 +30,7 @@ from prometheus_client.metrics_core import Metric
 from cachelayer.stats import StoreSnapshot
 from proxy.cache.counters import CacheMonitor
 from proxy.cache.kv_pages import kv_offloads
-from proxy.cache.stats import radix_stats
+from proxy.cache.radix_stats import radix_stats
 from proxy.routing.pool import WorkerPool
 from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
 

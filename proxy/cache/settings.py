@@ -4,6 +4,8 @@
     [cache]
     preset = "production"          # or "development" (the default)
     dir = "/var/cache/radixgate"   # L3 disk tier; `radixgate serve --cache-dir DIR` sets it
+    shutdown_flush_s = 10          # at shutdown, seconds for writing what is not on disk yet
+    warm_file = "warm.jsonl"       # prompts or requests run in the background after start
 
     [kv_cache]                     # any key left out takes the preset's value
     l1_capacity = 5000
@@ -34,6 +36,9 @@ DEFAULT_WRITE_POLICY: WritePolicy = "write_through"
 """Every stored answer reaches L3 at once, so it survives a restart (write-back would keep it in memory
 until evicted)."""
 DEFAULT_REDIS_PREFIX = "radixgate:responses:"
+DEFAULT_SHUTDOWN_FLUSH_S = 10.0
+"""64k tokens of SmolLM2 fp32 KV (3 GB) flushed in 8 s on the 2-core dev box
+(`benchmarks/results/kv_persistence.md`); write-behind leaves far less than that at a shutdown."""
 
 Entries = Annotated[int, msgspec.Meta(ge=1)]
 Bytes = Annotated[int, msgspec.Meta(ge=1)]
@@ -77,6 +82,12 @@ class CacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     `adaptive` (always while the cache earns hits, second sighting while it does not)."""
     admission_min_hit_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = DEFAULT_MIN_HIT_RATE
     """The `adaptive` policy stores every answer while a window of lookups reaches this hit rate."""
+    shutdown_flush_s: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_SHUTDOWN_FLUSH_S
+    """At shutdown, seconds allowed for writing what is not on disk yet: the embedded engine's cached
+    KV pages and the disk tiers' queued writes. What is left then is lost (recomputed later)."""
+    warm_file: Path | None = None
+    """A JSONL file of prompts or whole requests run in the background after start, as
+    `POST /v1/cache/warm` would (`proxy.cache.warm_file`); None: no warming at start."""
 
 
 class KvCacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

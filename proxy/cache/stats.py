@@ -9,22 +9,17 @@ Rates are percentages (0-100), as in the seed. Field meanings where the seed lea
   that level of either store (`kv_l2` counts as L2, `kv_l3` as L3); `remote_hits` by Redis.
   `kv_pages` details each engine's page store (pages offloaded, loaded, skipped as slower to load
   than to recompute, rejected for another layout, and the speed estimates behind those choices).
-- `cache_manager.radix_tree`: the routing trees (the router's picture of each engine's prefix cache)
-  and, where an engine reports its own radix cache (the embedded engine), that engine's figures.
-  `prefix_matches` = prompt tokens the trees predicted cached, `sharing_hits` = prompt tokens the
-  engines reported served from their prefix caches, `active_prefixes` = tree nodes,
-  `avg_prefix_length` = tokens per node. `memory_saved` is null: the gateway cannot know an upstream
-  engine's KV bytes per token.
+- `cache_manager.radix_tree`: see `proxy.cache.radix_stats`.
 - `speculation`, `sliding_window`: radixgate implements neither; `implemented: false`, every figure 0,
   and the configured values from `[speculative]` / `[sliding_window]`.
-- `overall.efficiency_score` is null (radixgate defines no such score); `background_tasks_active`
-  is false (trend samples are taken on requests, nothing runs in the background).
+- `overall` has no `efficiency_score`: radixgate defines no such score, and a made-up figure would
+  mislead. `background_tasks_active` is true while the warm file runs (trend samples are taken on
+  requests). `warming` reports the warm file's progress (`proxy.cache.warm_file`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -34,24 +29,11 @@ from proxy.cache.alerts import Alert, AlertBook, conditions
 from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
+from proxy.cache.radix_stats import RadixTreeStats, percent, radix_stats
+from proxy.cache.warm_file import WarmProgress
 from proxy.routing.pool import WorkerPool
 
 NOT_IMPLEMENTED = "radixgate does not implement this feature; the figures are zero, not measured"
-
-
-class PrefixCacheFigures(Protocol):
-    """What an engine with its own radix cache reports (`adapters.local.EngineStats` has these)."""
-
-    cached_tokens: int
-    cache_hit_tokens: int
-    cache_query_tokens: int
-
-
-@runtime_checkable
-class ReportsPrefixCache(Protocol):
-    def stats(self) -> PrefixCacheFigures | None:
-        """The engine's prefix-cache figures, None before it started."""
-        ...
 
 
 class TierStats(msgspec.Struct, kw_only=True):
@@ -104,35 +86,6 @@ class ResponseCacheStats(msgspec.Struct, kw_only=True):
     hit_rate: float
 
 
-class EngineRadixStats(msgspec.Struct, kw_only=True):
-    worker: str
-    cached_tokens: int
-    hit_tokens: int
-    query_tokens: int
-    hit_rate: float
-
-
-class WorkerTreeStats(msgspec.Struct, kw_only=True):
-    worker: str
-    tree_tokens: int
-    tree_nodes: int
-    predicted_cached_tokens: int
-    reported_cached_tokens: int
-
-
-class RadixTreeStats(msgspec.Struct, kw_only=True):
-    implemented: bool = True
-    prefix_matches: int
-    sharing_hits: int
-    memory_saved: int | None = None
-    active_prefixes: int
-    avg_prefix_length: float
-    tree_tokens: int
-    tree_memory_bytes: int
-    workers: list[WorkerTreeStats]
-    engines: list[EngineRadixStats]
-
-
 class SpeculationStats(msgspec.Struct, kw_only=True):
     implemented: bool = False
     note: str = NOT_IMPLEMENTED
@@ -170,8 +123,8 @@ class OverallStats(msgspec.Struct, kw_only=True):
     total_memory_bytes: int
     operations_per_second: float
     avg_response_time_us: float
-    efficiency_score: float | None = None
     background_tasks_active: bool = False
+    """True while the warm file is being run (`[cache] warm_file`)."""
 
 
 class TrendSample(msgspec.Struct, kw_only=True):
@@ -187,6 +140,24 @@ class Trends(msgspec.Struct, kw_only=True):
     samples: list[TrendSample]
 
 
+class WarmingStats(msgspec.Struct, kw_only=True):
+    """The `[cache] warm_file` run (`proxy.cache.warm_file`)."""
+
+    file: str
+    state: str
+    """`pending`, `running` or `done`."""
+    items: int
+    done: int
+    """Items run so far, failed ones included."""
+    failed: int
+    cached_tokens: int
+    """Prompt tokens the engines already held when the items ran."""
+    started_at: float | None
+    seconds: float | None
+    """How long the whole run took (null until done)."""
+    errors: list[str]
+
+
 class CacheStatsResponse(msgspec.Struct, kw_only=True):
     """The whole `GET /v1/cache/stats` document."""
 
@@ -195,10 +166,8 @@ class CacheStatsResponse(msgspec.Struct, kw_only=True):
     overall: OverallStats
     alerts: list[Alert]
     trends: Trends
-
-
-def percent(fraction: float) -> float:
-    return round(100.0 * fraction, 2)
+    warming: WarmingStats | None = None
+    """Null when no `[cache] warm_file` is configured."""
 
 
 def build_stats(
@@ -212,13 +181,14 @@ def build_stats(
     *,
     enabled: bool,
     shared: bool,
+    warming: WarmProgress | None = None,
 ) -> CacheStatsResponse:
     """The stats document from the store snapshot, the counters and the router's live state."""
     tiers = store.tiers if store is not None else ()
     offloads = kv_offloads(router)
     every = tiers + tuple(tier for _, figures in offloads for tier in figures.store.tiers)
     radix = radix_stats(router)
-    workers = router.workers() if isinstance(router, WorkerPool) else []
+    workers = router.workers()
     memory = sum(t.bytes or 0 for t in every if t.kind == "memory")
     total = monitor.total
     mean_lookup = monitor.lookup_seconds / monitor.timed_lookups if monitor.timed_lookups else 0.0
@@ -236,6 +206,7 @@ def build_stats(
             total_memory_bytes=memory + radix.tree_memory_bytes,
             operations_per_second=round(monitor.lookups_per_second(), 3),
             avg_response_time_us=round(mean_lookup * 1e6, 2),
+            background_tasks_active=warming is not None and warming.state == "running",
         ),
         alerts=alert_book.evaluate(conditions(every, workers, monitor)),
         trends=Trends(
@@ -244,6 +215,7 @@ def build_stats(
             data_points=len(monitor.trend),
             samples=[TrendSample(at=p.at, lookups=p.lookups, hits=p.hits) for p in monitor.trend],
         ),
+        warming=WarmingStats(**asdict(warming)) if warming is not None else None,
     )
 
 
@@ -293,45 +265,4 @@ def _response_cache(
         admission=admission.policy,
         admission_selective=admission.selective,
         hit_rate=percent(total.hit_rate),
-    )
-
-
-def radix_stats(router: WorkerPool) -> RadixTreeStats:
-    """Routing trees of a `WorkerPool`, plus engines that report their own radix cache."""
-    workers = router.workers()
-    trees = [
-        WorkerTreeStats(
-            worker=w.id,
-            tree_tokens=w.tree.total_tokens,
-            tree_nodes=w.tree.node_count,
-            predicted_cached_tokens=w.predicted_tokens,
-            reported_cached_tokens=w.reported_cached_tokens,
-        )
-        for w in workers
-    ]
-    engines: list[EngineRadixStats] = []
-    for worker in workers:
-        figures = worker.engine.stats() if isinstance(worker.engine, ReportsPrefixCache) else None
-        if figures is not None:
-            queried = figures.cache_query_tokens
-            engines.append(
-                EngineRadixStats(
-                    worker=worker.id,
-                    cached_tokens=figures.cached_tokens,
-                    hit_tokens=figures.cache_hit_tokens,
-                    query_tokens=queried,
-                    hit_rate=percent(figures.cache_hit_tokens / queried) if queried else 0.0,
-                )
-            )
-    tokens = sum(t.tree_tokens for t in trees)
-    nodes = sum(t.tree_nodes for t in trees)
-    return RadixTreeStats(
-        prefix_matches=sum(t.predicted_cached_tokens for t in trees),
-        sharing_hits=sum(t.reported_cached_tokens for t in trees),
-        active_prefixes=nodes,
-        avg_prefix_length=round(tokens / nodes, 2) if nodes else 0.0,
-        tree_tokens=tokens,
-        tree_memory_bytes=sum(w.tree_memory_bytes() for w in workers),
-        workers=trees,
-        engines=engines,
     )

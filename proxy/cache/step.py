@@ -1,7 +1,7 @@
 """The response-cache step of the request path, between authentication and forwarding.
 
-`ResponseCacheStep.respond` wraps the handler's `forward(send)` (which routes, calls the engine and
-answers as JSON or SSE) and decides, per request:
+`ResponseCacheStep.respond` wraps the pipeline's `forward(responder)` (which routes, calls the engine and
+answers with a JSON body or a stream) and decides, per request:
 
     bypass   the cache takes no part: caching is off, the request is sampled (temperature not 0
              and no seed), `Cache-Control: no-store`, or `enable_caching: false` on a cached endpoint
@@ -12,7 +12,8 @@ answers as JSON or SSE) and decides, per request:
              the next loop turn, or a task when the store may block on I/O).
              `Cache-Control: no-cache` skips the lookup but still stores, so it
              refreshes the entry. While the admission gate is selective (`cachelayer.admission`:
-             no hits lately), a body it has not seen is a miss with no key, lookup or store.
+             no hits lately), a body it has not seen is looked up but its answer is not stored:
+             admission decides what is stored, never what is read.
 
 Every answer carries `x-radixgate-cache: hit|miss|bypass`. A stream is recorded as it passes to the
 front door's `Responder` and a JSON answer is the `Completion` that `forward` sent, so what is stored
@@ -115,16 +116,9 @@ class ResponseCacheStep:
         if call is not None:
             call.tenant = counters
         lookup = self._lookup(request, cache_control, call)
-        if lookup and not self.admission.admit(request.raw_body):
-            # The cache is not earning hits and this body is new: no key, no lookup, no store.
-            self.admission.observe(False)
-            headers.append((CACHE_HEADER, b"miss"))
-            self.monitor.count(counters, "misses")
-            self.monitor.count(counters, "not_admitted")
-            if call is not None:
-                call.outcome, call.forward_started = "miss", time.perf_counter()
-            await forward(responder)
-            return
+        # Admission decides what is stored, never what is read: an entry stored earlier (or by the
+        # previous process, on disk) is still found while the gate is selective.
+        admitted = lookup is None or self.admission.admit(request.raw_body)
         plan = None if lookup is None else self._plan(request, call, lookup)
         if plan is None:
             headers.append((CACHE_HEADER, b"bypass"))
@@ -180,7 +174,11 @@ class ResponseCacheStep:
         self.monitor.count(counters, "misses" if plan.lookup else "refreshes")
         if call is not None:
             call.outcome, call.forward_started = "miss", time.perf_counter()
-        # A stream is recorded message by message; a JSON answer comes back whole from `forward`.
+        if not admitted:  # the cache is not earning hits and this body is new: not stored
+            self.monitor.count(counters, "not_admitted")
+            await forward(responder)
+            return
+        # A stream is recorded chunk by chunk; a JSON answer comes back whole from `forward`.
         recorder = Recorder(responder) if request.stream else None
         completion = await forward(responder if recorder is None else recorder)
         answer: Recorder | Completion | None = recorder or completion

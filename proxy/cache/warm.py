@@ -74,6 +74,14 @@ class WarmResult(msgspec.Struct, kw_only=True):
 
 async def warm(gateway: Gateway, tenant: Tenant, body: WarmRequest) -> WarmResult:
     """Run every item of `body` (see the module docstring)."""
+    if not body.requests and not body.prompts:
+        raise ApiError(
+            400,
+            "Nothing to warm: send `requests` (whole chat or completion bodies) and/or `prompts` "
+            "with `model`.",
+            param="requests",
+            code="missing_items",
+        )
     if len(body.requests) + len(body.prompts) > MAX_WARM_ITEMS:
         raise ApiError(400, f"At most {MAX_WARM_ITEMS} requests and prompts per call.", code="too_many_items")
     model = body.model
@@ -83,25 +91,27 @@ async def warm(gateway: Gateway, tenant: Tenant, body: WarmRequest) -> WarmResul
             raise ApiError(400, "`model` is required with `prompts`.", param="model", code="missing_model")
         model = served[0]
     items: list[tuple[str, dict[str, Any]]] = [("request", request) for request in body.requests]
-    items += [("prompt", _prefill_body(model or "", prompt)) for prompt in body.prompts]
+    items += [("prompt", prefill_body(model or "", prompt)) for prompt in body.prompts]
     limit = asyncio.Semaphore(WARM_CONCURRENCY)
 
     async def run(index: int, kind: str, fields: dict[str, Any]) -> WarmItem:
         async with limit:
-            return await _warm_one(gateway, tenant, index, kind == "prompt", fields)
+            return await warm_one(gateway, tenant, index, kind == "prompt", fields)
 
     results = await asyncio.gather(*(run(i, kind, fields) for i, (kind, fields) in enumerate(items)))
     failed = sum(item.status == "error" for item in results)
     return WarmResult(warmed=len(results) - failed, failed=failed, results=list(results))
 
 
-def _prefill_body(model: str, prompt: str) -> dict[str, Any]:
+def prefill_body(model: str, prompt: str) -> dict[str, Any]:
+    """A prompt as a one-token greedy text completion (it fills the prefix caches only)."""
     return {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
 
 
-async def _warm_one(
+async def warm_one(
     gateway: Gateway, tenant: Tenant, index: int, prefill_only: bool, fields: dict[str, Any]
 ) -> WarmItem:
+    """Run one item (a prompt's prefill body when `prefill_only`) and say what became of it."""
     kind: Literal["request", "prompt"] = "prompt" if prefill_only else "request"
     fields = {name: value for name, value in fields.items() if name not in ("stream", "stream_options")}
     operation: Operation = "chat" if "messages" in fields else "text_completion"

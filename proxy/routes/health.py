@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import sys
@@ -22,8 +23,8 @@ LIVE_PATH = "/health/live"
 
 
 def health_handlers(gateway: Gateway) -> list[HTTPRouteHandler]:
-    @get(HEALTH_PATH, sync_to_thread=False, name="health")
-    def health() -> HealthStatus:
+    @get(HEALTH_PATH, name="health")
+    async def health() -> HealthStatus:
         readiness = gateway.router.readiness()
         ready = sum(readiness.values())
         status: Literal["healthy", "degraded", "unhealthy"]
@@ -41,7 +42,7 @@ def health_handlers(gateway: Gateway) -> list[HTTPRouteHandler]:
             details=HealthDetails(
                 memory_usage_bytes=resident_memory_bytes(),
                 active_requests=gateway.active_requests,
-                components=gateway.router.component_states(),
+                components=await components(gateway, readiness),
             ),
         )
 
@@ -69,3 +70,40 @@ def resident_memory_bytes() -> int:
     except (OSError, ValueError, IndexError):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024
+
+
+ComponentState = Literal["operational", "degraded", "down", "disabled"]
+
+
+async def components(gateway: Gateway, readiness: dict[str, bool]) -> dict[str, str]:
+    """The seed's three components, then every worker by id.
+
+    - `inference_runtime`: the workers: operational when all are, down when none is up.
+    - `model_registry`: the models served: operational when each has a ready worker, down when none has.
+    - `cache_system`: the response cache's store: degraded once a tier has failed calls or corrupt
+      entries (see the alerts of `/v1/cache/stats`), disabled when the response cache is off.
+    """
+    workers = gateway.router.component_states()
+    states: dict[str, str] = {
+        "inference_runtime": _overall(list(workers.values())),
+        "model_registry": _overall(["operational" if ok else "down" for ok in readiness.values()]),
+        "cache_system": await _cache_state(gateway),
+    }
+    return {**states, **workers}
+
+
+def _overall(states: list[str]) -> ComponentState:
+    if states and all(state == "operational" for state in states):
+        return "operational"
+    if any(state != "down" for state in states):
+        return "degraded"
+    return "down"
+
+
+async def _cache_state(gateway: Gateway) -> ComponentState:
+    responses = gateway.cache.cache
+    if responses is None:
+        return "disabled"
+    # The store's lock may be held by disk or Redis I/O: read its counters off the loop then.
+    snapshot = await asyncio.to_thread(responses.stats) if responses.blocking else responses.stats()
+    return "degraded" if any(tier.errors for tier in snapshot.tiers) else "operational"

@@ -14,7 +14,7 @@ import pytest
 
 from cachelayer.disk import CacheDirLockedError, DiskTier, DiskTierConfig
 from cachelayer.memory import MemoryTierConfig
-from cachelayer.segment_log import segment_path
+from cachelayer.segment_log import HEADER_BYTES, segment_path
 from cachelayer.tier import Entry
 from cachelayer.tiers import StoreConfig, TieredStore
 
@@ -235,3 +235,110 @@ def test_a_store_with_write_behind_disk_never_blocks_on_a_miss_or_a_put(tmp_path
     synchronous = TieredStore.from_config(StoreConfig(l3=DiskTierConfig(directory=tmp_path)))
     assert synchronous.puts_block
     synchronous.close()
+
+
+def test_a_stray_file_in_the_segment_folder_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = tier(tmp_path)
+    disk.put(b"k", Entry(payload(b"k", 1, 500), None))
+    disk.close()
+    (tmp_path / "seg" / "junk.rgs").write_bytes(b"not a segment")
+    (tmp_path / "seg" / "7.rgs").write_bytes(b"nor this")  # digits, but not a name this tier writes
+    with caplog.at_level("WARNING", logger="cachelayer.disk"):
+        reopened = tier(tmp_path)
+    got = reopened.get(b"k")
+    assert got is not None and is_intact(b"k", got.data)
+    assert sum("junk.rgs" in message for message in caplog.messages) == 1
+    assert sum("7.rgs" in message for message in caplog.messages) == 1
+    reopened.close()
+    assert (tmp_path / "seg" / "junk.rgs").exists()  # not ours to delete
+
+
+def test_a_damaged_header_costs_its_own_record_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    disk = tier(tmp_path)
+    keys = [b"key%d" % i for i in range(6)]
+    for key in keys:
+        disk.put(key, Entry(payload(key, 1, 3_000), None))
+    disk.close()
+    (segment,) = (tmp_path / "seg").glob("*.rgs")
+    data = bytearray(segment.read_bytes())
+    at = data.find(b"key2") - HEADER_BYTES  # the record's magic: the key follows its header
+    assert data[at : at + 4] == b"RGC2"
+    data[at : at + 4] = b"XXXX"
+    segment.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="cachelayer.disk"):
+        reopened = tier(tmp_path)
+    assert reopened.get(b"key2") is None
+    for key in keys[:2] + keys[3:]:  # the records after the damage are indexed again
+        got = reopened.get(key)
+        assert got is not None and is_intact(key, got.data)
+    assert reopened.stats().errors == 1
+    assert any("1 damaged stretches" in message for message in caplog.messages)
+    reopened.close()
+
+
+def test_a_magic_inside_data_is_not_taken_for_a_record(tmp_path: Path) -> None:
+    disk = tier(tmp_path)
+    disk.put(b"a", Entry(payload(b"a", 1, 200), None))
+    disk.put(b"b", Entry(b"RGC2" * 50, None))  # data that looks like headers
+    disk.put(b"c", Entry(payload(b"c", 1, 200), None))
+    disk.close()
+    (segment,) = (tmp_path / "seg").glob("*.rgs")
+    data = bytearray(segment.read_bytes())
+    data[0:4] = b"XXXX"  # damage record a's header: the scan must resync at b, not inside b's data
+    segment.write_bytes(bytes(data))
+    reopened = tier(tmp_path)
+    assert reopened.get(b"a") is None
+    assert reopened.get(b"b") == Entry(b"RGC2" * 50, None)
+    got = reopened.get(b"c")
+    assert got is not None and is_intact(b"c", got.data)
+    reopened.close()
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.5])
+def test_sigkill_during_write_behind_never_leaves_a_wrong_entry(tmp_path: Path, delay_s: float) -> None:
+    writer = run_python(f"""
+        from pathlib import Path
+        from cachelayer.disk import DiskTier, DiskTierConfig
+        from cachelayer.tier import Entry
+        from tests.cachelayer.test_disk import payload
+        directory = Path({str(tmp_path)!r})
+        disk = DiskTier(DiskTierConfig(directory=directory, capacity_bytes=4_000_000, write_behind=True))
+        version = 0
+        while True:
+            version += 1
+            for i in range(30):
+                key = b"key%d" % i
+                if disk.has_room(200_000):
+                    disk.put(key, Entry(payload(key, version, (version * 7919 + i * 104729) % 200_000), None))
+    """)
+    deadline = time.monotonic() + 30
+    while not any(tmp_path.glob("seg/*.rgs")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    writer.send_signal(signal.SIGKILL)
+    assert writer.wait(timeout=30) == -signal.SIGKILL
+    disk = tier(tmp_path, capacity=4_000_000)
+    found = 0
+    for i in range(30):
+        got = disk.get(b"key%d" % i)
+        if got is not None:
+            found += 1
+            assert is_intact(b"key%d" % i, got.data)
+    assert found > 0
+    disk.close()
+
+
+def test_close_with_a_deadline_leaves_the_rest_unwritten_and_readable(tmp_path: Path) -> None:
+    disk = DiskTier(DiskTierConfig(directory=tmp_path, write_behind=True, max_pending_bytes=1 << 30))
+    keys = [b"k%d" % i for i in range(200)]
+    for key in keys:
+        disk.put(key, Entry(payload(key, 1, 50_000), None))
+    disk.close(deadline=time.monotonic())  # already due: whatever is still queued is dropped
+    reopened = tier(tmp_path)
+    for key in keys:
+        got = reopened.get(key)
+        assert got is None or is_intact(key, got.data)
+    assert reopened.stats().errors == 0  # dropped writes are each segment's tail: no damage
+    reopened.close()

@@ -65,6 +65,12 @@ def test_local_engine_answers_are_cached_and_its_radix_cache_is_reported(
     assert engine["worker"] == "local"
     assert engine["hit_tokens"] >= shared[1].usage.prompt_tokens_details.cached_tokens
     assert engine["query_tokens"] >= first[1].usage.prompt_tokens + shared[1].usage.prompt_tokens
-    assert engine["cached_tokens"] > 0
+    assert engine["cached_tokens"] > 0 and engine["nodes"] > 0
+    # One engine and no routing tree: the headline figures are the engine's own.
+    assert radix["workers"][0]["tree_tokens"] == 0
+    assert radix["prefix_matches"] == radix["sharing_hits"] == engine["hit_tokens"] > 0
+    assert radix["active_prefixes"] == engine["nodes"]
+    assert radix["memory_saved"] == engine["reused_kv_bytes"] > 0
+    assert radix["avg_prefix_length"] > 0
     metrics = httpx.get(f"{local_gateway.base_url}/metrics").text
     assert 'radixgate_cache_radix_tree_tokens{tree="engine",worker="local"}' in metrics

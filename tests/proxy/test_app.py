@@ -13,6 +13,7 @@ from litestar.testing import TestClient
 
 from proxy.app import create_app
 from proxy.auth import hash_key
+from proxy.cache.settings import CacheSettings
 from proxy.settings import ApiKeySettings, AuthSettings, Settings
 from tests.proxy.scripted_engine import BODY, ScriptedEngine, scripted_pool
 
@@ -73,3 +74,18 @@ def test_bad_input_never_gets_a_500(client: TestClient, body: bytes, path: str) 
     assert response.status_code < 500, response.text
     if response.status_code != 200:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_health_names_the_seeds_components_with_their_real_state() -> None:
+    healthy, broken = ScriptedEngine("up"), ScriptedEngine("broken")
+    broken.healthy = False
+    settings = Settings(cache=CacheSettings(response_cache=False))
+    with TestClient(create_app(settings, router=scripted_pool([healthy, broken]))) as client:
+        components = client.get("/health").json()["details"]["components"]
+    assert components == {
+        "inference_runtime": "degraded",  # one of two workers is down
+        "model_registry": "operational",  # the model still has a ready worker
+        "cache_system": "disabled",
+        "up": "operational",
+        "broken": "down",
+    }

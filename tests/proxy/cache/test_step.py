@@ -207,12 +207,12 @@ async def test_adaptive_admission_stops_storing_when_nothing_repeats() -> None:
     outcomes = [(await serve(step, request(False, max_tokens=100), upstream))[0] for _ in range(3)]
     assert outcomes == ["miss", "miss", "hit"]  # a new body: remembered, then looked up and stored
     assert (step.monitor.total.stores, step.monitor.total.not_admitted) == (9, 1)
-    # An answer stored before the gate turned selective: its first sighting since is not looked up.
+    # An answer stored before the gate turned selective is still read: admission gates stores only.
     assert [(await serve(step, request(False, max_tokens=1), upstream))[0] for _ in range(2)] == [
-        "miss",
+        "hit",
         "hit",
     ]
-    assert upstream.calls == 8 + 2 + 1
+    assert upstream.calls == 8 + 2
 
 
 async def test_a_counted_completion_is_stored_only_when_every_choice_finished(
