@@ -8,14 +8,15 @@ from adapters.local import LocalEngineConfig
 from proxy import __version__
 from proxy.banner import startup_banner
 from proxy.cache.settings import CacheSettings
-from proxy.settings import ServerSettings, Settings, WorkerSettings
+from proxy.routing.config import WorkerSpec
+from proxy.settings import ServerSettings, Settings
 
 
 def test_banner_in_front_of_workers() -> None:
     settings = Settings(
         workers=[
-            WorkerSettings(url="http://vllm:8000", kind="vllm", models=["llama"]),
-            WorkerSettings(url="http://sglang:30000", kind="sglang", models=["llama"]),
+            WorkerSpec(url="http://vllm:8000", kind="vllm", models=["llama"]),
+            WorkerSpec(url="http://sglang:30000", kind="sglang", models=["llama"]),
         ],
         server=ServerSettings(host="0.0.0.0", port=9000),
         cache=CacheSettings(preset="production", dir=Path("/var/cache/rg"), redis_url="redis://r:6379/0"),

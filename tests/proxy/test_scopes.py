@@ -20,7 +20,7 @@ ADMIN_CALLS = [
     ("POST", "/admin/workers", {"url": "http://127.0.0.1:9555", "id": "extra", "models": ["m"]}),
     ("DELETE", "/admin/workers/extra", None),
     ("POST", "/v1/cache/clear", None),
-    ("POST", "/v1/cache/warm", {"model": "m", "prompts": []}),
+    ("POST", "/v1/cache/warm", {"model": "m", "prompts": ["x"]}),
 ]
 
 
