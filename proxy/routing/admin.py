@@ -134,7 +134,13 @@ def admin_router(
                 param="kind",
                 code="invalid_worker",
             )
-        host = (urlsplit(data.url).hostname or "").lower()
+        try:
+            parts = urlsplit(data.url)
+            host = (parts.hostname or "").lower()
+            _ = parts.port  # raises for a port that is not a number
+            host.encode("idna")  # raises for a host no DNS name can spell (lone surrogates, ...)
+        except (ValueError, UnicodeError) as exc:
+            raise ApiError(400, f"Invalid worker url: {exc}", param="url", code="invalid_worker") from None
         if host not in permitted:
             raise ApiError(
                 403,

@@ -106,3 +106,15 @@ def test_serving_beyond_loopback_without_keys_warns(caplog: pytest.LogCaptureFix
     assert [record.getMessage().split(" with ")[0] for record in caplog.records] == [
         "radixgate listens on 0.0.0.0"
     ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [rb"http://127.0.0.1:notaport", rb"http://[::1", rb"http://h\udbf5\udf31:%z"],  # the last: lone surrogates
+)
+def test_a_malformed_worker_url_is_a_400(url: bytes) -> None:
+    body = b'{"url": "%s", "id": "bad"}' % url
+    headers = {"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
+    with TestClient(create_app(keyed_settings())) as client:
+        response = client.post("/admin/workers", content=body, headers=headers)
+    assert response.status_code == 400, response.text
