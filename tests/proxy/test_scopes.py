@@ -110,7 +110,11 @@ def test_serving_beyond_loopback_without_keys_warns(caplog: pytest.LogCaptureFix
 
 @pytest.mark.parametrize(
     "url",
-    [rb"http://127.0.0.1:notaport", rb"http://[::1", rb"http://h\udbf5\udf31:%z"],  # the last: lone surrogates
+    [
+        rb"http://127.0.0.1:notaport",
+        rb"http://[::1",
+        rb"http://h\udbf5\udf31:%z",
+    ],  # the last: lone surrogates
 )
 def test_a_malformed_worker_url_is_a_400(url: bytes) -> None:
     body = b'{"url": "%s", "id": "bad"}' % url
