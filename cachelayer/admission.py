@@ -76,6 +76,15 @@ class AdmissionGate:
         self._hits = 0
         self._seen: set[int] = set()
 
+    def fresh(self) -> AdmissionGate:
+        """A new gate with this one's settings and none of its history (one per tenant)."""
+        return AdmissionGate(
+            self.policy,
+            window_lookups=self._window,
+            min_hit_rate=self._min_hit_rate,
+            doorkeeper_keys=self.capacity,
+        )
+
     def observe(self, hit: bool) -> None:
         """Count one cacheable request (hit or not); at a window's end ``adaptive`` picks its mode."""
         if self.policy != "adaptive":

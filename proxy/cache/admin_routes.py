@@ -58,18 +58,22 @@ def admin_handlers(gateway: Gateway, layer: CacheLayer) -> list[HTTPRouteHandler
     admins = [admin_guard(gateway.auth)]
 
     @get(CACHE_STATS_PATH, guards=tenants, name="cache_stats")
-    async def cache_stats() -> CacheStatsResponse:
+    async def cache_stats(request: Request[Any, Any, Any]) -> CacheStatsResponse:
+        caller: Tenant = request.state.tenant  # set by the guard
+        # A tenant key sees its own tenant's counters; admins (and, without keys, everyone) all of them.
+        own = gateway.auth.required and not caller.admin
         return build_stats(
             layer.config,
             layer.settings.preset,
             await layer.store_stats_async(),
             layer.monitor,
             gateway.router,
-            layer.step.admission,
+            layer.step.admission_for(caller.id) if own else layer.step.admission,
             layer.alerts,
             enabled=layer.responses is not None,
             shared=layer.settings.share_across_tenants,
             warming=layer.warmer.progress if layer.warmer is not None else None,
+            tenant=layer.monitor.tenant(caller.id) if own else None,
         )
 
     @post(CACHE_CLEAR_PATH, guards=admins, status_code=200, name="cache_clear")

@@ -182,15 +182,20 @@ def build_stats(
     enabled: bool,
     shared: bool,
     warming: WarmProgress | None = None,
+    tenant: CacheCounters | None = None,
 ) -> CacheStatsResponse:
-    """The stats document from the store snapshot, the counters and the router's live state."""
+    """The stats document from the store snapshot, the counters and the router's live state.
+
+    `tenant`: the caller's own counters, for a caller who sees only its tenant's (a tenant key):
+    the response cache's counters, its hit rate and admission are then that tenant's, and the
+    gateway-wide lookup trend is left out; `admission` is then that tenant's gate."""
     tiers = store.tiers if store is not None else ()
     offloads = kv_offloads(router)
     every = tiers + tuple(tier for _, figures in offloads for tier in figures.store.tiers)
     radix = radix_stats(router)
     workers = router.workers()
     memory = sum(t.bytes or 0 for t in every if t.kind == "memory")
-    total = monitor.total
+    total = tenant if tenant is not None else monitor.total
     mean_lookup = monitor.lookup_seconds / monitor.timed_lookups if monitor.timed_lookups else 0.0
     return CacheStatsResponse(
         preset=preset,
@@ -212,8 +217,10 @@ def build_stats(
         trends=Trends(
             window_seconds=monitor.trend_window_s,
             interval_seconds=monitor.trend_interval_s,
-            data_points=len(monitor.trend),
-            samples=[TrendSample(at=p.at, lookups=p.lookups, hits=p.hits) for p in monitor.trend],
+            data_points=0 if tenant is not None else len(monitor.trend),
+            samples=[]
+            if tenant is not None
+            else [TrendSample(at=p.at, lookups=p.lookups, hits=p.hits) for p in monitor.trend],
         ),
         warming=WarmingStats(**asdict(warming)) if warming is not None else None,
     )

@@ -79,7 +79,7 @@ class _Plan(NamedTuple):
 class ResponseCacheStep:
     """See the module docstring. `cache` None means the response cache is off (every answer: bypass)."""
 
-    __slots__ = ("_pending", "_queued", "_tracer", "admission", "cache", "monitor")
+    __slots__ = ("_gates", "_pending", "_queued", "_tracer", "admission", "cache", "monitor")
 
     def __init__(
         self,
@@ -93,7 +93,9 @@ class ResponseCacheStep:
         """Starts the `radixgate.response_cache` span of each lookup; None: no spans."""
         self.monitor = monitor or CacheMonitor()
         self.admission = admission or AdmissionGate()
-        """Which missed answers are stored (see `cachelayer.admission`)."""
+        """The gate's settings; each tenant gets a gate of its own (`admission_for`), so one tenant's
+        flood of unique requests never turns the gate selective for another."""
+        self._gates: dict[str, AdmissionGate] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._queued = 0
         """Stores scheduled with `call_soon` and not yet run."""
@@ -118,7 +120,8 @@ class ResponseCacheStep:
         lookup = self._lookup(request, cache_control, call)
         # Admission decides what is stored, never what is read: an entry stored earlier (or by the
         # previous process, on disk) is still found while the gate is selective.
-        admitted = lookup is None or self.admission.admit(request.raw_body)
+        gate = self.admission_for(request.tenant_id)
+        admitted = lookup is None or gate.admit(request.raw_body)
         plan = None if lookup is None else self._plan(request, call, lookup)
         if plan is None:
             headers.append((CACHE_HEADER, b"bypass"))
@@ -145,7 +148,7 @@ class ResponseCacheStep:
             call.cache_started, call.lookup_s = started, time.perf_counter() - started
         hit = stored is not None and stored.streamed == request.stream
         if plan.lookup:
-            self.admission.observe(hit)
+            gate.observe(hit)
         if span is not None:
             span.set_attributes(
                 {
@@ -195,6 +198,13 @@ class ResponseCacheStep:
         else:
             self._queued += 1
             loop.call_soon(self._store_now, plan.key, answer, counters)
+
+    def admission_for(self, tenant_id: str) -> AdmissionGate:
+        """The admission gate of one tenant (created on its first request)."""
+        gate = self._gates.get(tenant_id)
+        if gate is None:
+            gate = self._gates[tenant_id] = self.admission.fresh()
+        return gate
 
     async def drain(self) -> None:
         """Wait for answers still being stored (before the store is closed)."""

@@ -203,7 +203,7 @@ async def test_adaptive_admission_stops_storing_when_nothing_repeats() -> None:
     upstream = json_upstream()
     for number in range(8):  # one window of unique requests, all stored, none hit: the gate turns selective
         assert (await serve(step, request(False, max_tokens=number + 1), upstream))[0] == "miss"
-    assert step.admission.selective and step.monitor.total.stores == 8
+    assert step.admission_for("tenant").selective and step.monitor.total.stores == 8
     outcomes = [(await serve(step, request(False, max_tokens=100), upstream))[0] for _ in range(3)]
     assert outcomes == ["miss", "miss", "hit"]  # a new body: remembered, then looked up and stored
     assert (step.monitor.total.stores, step.monitor.total.not_admitted) == (9, 1)
@@ -231,3 +231,16 @@ async def test_a_counted_completion_is_stored_only_when_every_choice_finished(
 
 async def _ignore(message: Message) -> None:
     del message
+
+
+async def test_one_tenants_flood_of_unique_requests_leaves_another_tenants_gate_alone() -> None:
+    store = ResponseCache(TieredStore.from_config(StoreConfig()))
+    step = ResponseCacheStep(store, admission=AdmissionGate("adaptive", window_lookups=8))
+    upstream = json_upstream()
+    for number in range(8):  # a window of unique requests, none hit: this tenant's gate turns selective
+        await serve(step, request(False, max_tokens=number + 1), upstream)
+    assert step.admission_for("tenant").selective
+    other = request(False, max_tokens=100)
+    other.tenant_id, other.cache_salt = "other", "other-salt"
+    assert [(await serve(step, other, upstream))[0] for _ in range(2)] == ["miss", "hit"]  # stored at once
+    assert not step.admission_for("other").selective
