@@ -6,6 +6,7 @@ and this builder disagree, or when the app serves a path or method the document 
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -31,6 +32,12 @@ from proxy.schemas import HealthStatus, LiveStatus, ModelList, ReadyStatus
 METRICS_PATH = "/metrics"
 ADMIN_WORKERS_PATH = "/admin/workers"
 _REF = "#/components/schemas/{name}"
+_SSE_STREAM = {
+    "type": "string",
+    "description": "Server-Sent Events exactly as OpenAI frames them: `data: {chunk}` and a blank line per "
+    "chunk (each a GenerationChunk; one may be an error object), then `data: [DONE]`.",
+    "pattern": r"^(data: [^\n]+\n\n)*data: \[DONE\]\n\n$",
+}
 _ERRORS = {
     "400": "Malformed JSON or an invalid field (`param` names it)",
     "401": "Missing or wrong API key (when keys are configured)",
@@ -81,15 +88,24 @@ def build_openapi() -> dict[str, Any]:
     worker = schemas["WorkerSpec"]["properties"]
     worker["kind"]["enum"] = [kind for kind in worker["kind"]["enum"] if kind != "local"]
     worker["url"]["pattern"] = REMOTE_URL_PATTERN
+    # `POST /v1/cache/warm` needs something to warm (an empty body is a 400 naming `requests`).
+    schemas["WarmRequest"]["anyOf"] = [
+        {"required": [field], "properties": {field: {"minItems": 1}}} for field in ("requests", "prompts")
+    ]
     extras = schemas["CacheExtras"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):
         plain = schemas[request]
         # One object with both sets of fields: an `allOf` of two closed objects admits no instance.
         schemas["Cached" + request] = {
-            **{key: value for key, value in plain.items() if key not in ("title", "additionalProperties")},
+            **copy.deepcopy({k: v for k, v in plain.items() if k not in ("title", "additionalProperties")}),
             "description": "The OpenAI request plus the seed's cache extras (removed before forwarding).",
-            "properties": {**plain["properties"], **extras["properties"]},
+            "properties": copy.deepcopy({**plain["properties"], **extras["properties"]}),
         }
+    schemas["GenerationChunk"] = {
+        "type": "object",
+        "description": "One event's data: OpenAI's chat.completion.chunk or text_completion object, or "
+        '`{"error": ...}` when the stream fails after its start.',
+    }
     schemas["GenerationResponse"] = {
         "type": "object",
         "description": "OpenAI's ChatCompletion or Completion object, relayed unchanged from the engine.",
@@ -266,7 +282,10 @@ def _generation(operation_id: str, summary: str, request: str) -> dict[str, Any]
                 'is one `data: {"error": ...}` event before `[DONE]`.',
                 "content": {
                     "application/json": {"schema": _ref("GenerationResponse")},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {
+                        "schema": dict(_SSE_STREAM),
+                        "x-event-data": _ref("GenerationChunk"),
+                    },
                 },
             },
             **_error_responses(tuple(_ERRORS)),
