@@ -54,6 +54,9 @@ def create_app(
         ledger=ledger,
     )
     pipeline = Pipeline(gateway)
+    auth = settings.auth
+    for tenant in {auth.anonymous_tenant, *auth.tenants, *(key.tenant for key in auth.api_keys)}:
+        telemetry.gateway_metrics.tenant_known(tenant)
     max_body = settings.server.max_body_bytes
 
     @asynccontextmanager

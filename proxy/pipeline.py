@@ -93,7 +93,13 @@ class Pipeline:
         params, body = decode_body(call.operation, call.body)
         body = admit(gateway, call.tenant, params, body)
         tenant = call.tenant
-        admission = await gateway.limiter.admit(tenant.id, params, len(body))
+        metrics = gateway.telemetry.gateway_metrics
+        try:
+            admission = await gateway.limiter.admit(tenant.id, params, len(body))
+        except ApiError as refused:
+            if refused.status == 429 and refused.detail.code is not None:
+                metrics.tenant_refused.labels(tenant.id, refused.detail.code).inc()
+            raise
         request = EngineRequest(
             call.operation,
             params,
@@ -126,6 +132,7 @@ class Pipeline:
             admission.settle(spent.tokens(admission.reserved_tokens))
         prompt, completion_tokens, cached = spent.counts(len(body) // BYTES_PER_TOKEN, params)
         gateway.ledger.record(tenant.id, params.model, prompt, completion_tokens, cached)
+        metrics.tenant_usage(tenant.id, prompt, completion_tokens, cached)
 
 
 @dataclass(slots=True)

@@ -215,6 +215,10 @@ class UpstreamSeries:
     cache_read_tokens: Counter
 
 
+TENANT_REFUSALS = ("rate_limit_exceeded", "insufficient_quota")
+"""The reasons a tenant's limits refuse a request (the 429's `code`)."""
+
+
 @dataclass(slots=True)
 class GatewayMetrics:
     """The series the request path updates on every request.
@@ -235,6 +239,12 @@ class GatewayMetrics:
     """Seconds to the first streamed chunk of an upstream call."""
     tokens: Counter
     """Tokens reported by upstreams, by model and type (input, output, cache_read)."""
+    tenant_requests: Counter
+    """Generation requests served, by tenant (tenants are configured, so the label is bounded)."""
+    tenant_tokens: Counter
+    """Tokens per tenant, by type (prompt, completion, cached), as the usage ledger counts them."""
+    tenant_refused: Counter
+    """Requests a tenant's limits refused, by reason (`rate_limit_exceeded`, `insufficient_quota`)."""
     _request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = field(default_factory=dict)
     _upstream_series: dict[tuple[str, str, str], UpstreamSeries] = field(default_factory=dict)
 
@@ -284,4 +294,29 @@ class GatewayMetrics:
                 ["model", "provider", "operation"],
             ),
             tokens=registry.counter("tokens_total", "Tokens reported by engines.", ["model", "type"]),
+            tenant_requests=registry.counter(
+                "tenant_requests_total", "Generation requests served per tenant.", ["tenant"]
+            ),
+            tenant_tokens=registry.counter(
+                "tenant_tokens_total",
+                "Tokens used per tenant (the usage ledger's figures).",
+                ["tenant", "type"],
+            ),
+            tenant_refused=registry.counter(
+                "tenant_refused_total", "Requests refused by a tenant's limits.", ["tenant", "reason"]
+            ),
         )
+
+    def tenant_usage(self, tenant: str, prompt: int, completion: int, cached: int) -> None:
+        """One served request of `tenant` and its tokens."""
+        self.tenant_requests.labels(tenant).inc()
+        for kind, count in (("prompt", prompt), ("completion", completion), ("cached", cached)):
+            self.tenant_tokens.labels(tenant, kind).inc(count)
+
+    def tenant_known(self, tenant: str) -> None:
+        """Start a configured tenant's series at zero, so dashboards and alerts see them at once."""
+        self.tenant_requests.labels(tenant)
+        for kind in ("prompt", "completion", "cached"):
+            self.tenant_tokens.labels(tenant, kind)
+        for reason in TENANT_REFUSALS:
+            self.tenant_refused.labels(tenant, reason)
