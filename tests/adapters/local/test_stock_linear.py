@@ -99,7 +99,7 @@ async def test_chat_still_says_paris(stock_engine: LocalEngine) -> None:
 
 @pytest.mark.slow
 def test_batched_and_mixed_steps_give_the_single_answers(
-    self, stock_engine: LocalEngine, stock: LoadedModel
+    stock_engine: LocalEngine, stock: LoadedModel
 ) -> None:
     """Decode rows take int4 products and prompt rows exact ones whatever shares the step: four
     prompts together (their decode rows batched, late prefills beside earlier decodes) answer as
