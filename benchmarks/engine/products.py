@@ -58,6 +58,11 @@ def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.
     return torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight, scales)
 
 
+def _int8_product(dense: torch.Tensor) -> Product:
+    weight, scales = _per_channel(dense)
+    return partial(_int8, weight=weight, scales=scales)
+
+
 def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return x @ weight_t
 
@@ -94,7 +99,7 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
         scales_zeros = torch.stack([scale.t(), zeros.t()], dim=-1).bfloat16().contiguous()
         int4.append(partial(_int4, packed=packed, scales_zeros=scales_zeros))
     out["int4pack, bf16 x"] = int4
-    out["int8pack, bf16 x"] = [partial(_int8, *_per_channel(w)) for w in dense]
+    out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []
@@ -120,7 +125,7 @@ def heads(kernels_dir: Path | None) -> dict[str, Product]:
     dense = q8.float() * block_scale.repeat_interleave(32, 1)
     out: dict[str, Product] = {
         "fp32 (MKL)": partial(_mkl, weight_t=dense.t().contiguous()),
-        "int8pack, bf16 x": partial(_int8, *_per_channel(dense)),
+        "int8pack, bf16 x": _int8_product(dense),
     }
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
