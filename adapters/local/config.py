@@ -25,9 +25,9 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ran 1.8x slower in bf16 than in fp32, so fp32 is the default; bf16 pays off only on CPUs
 # with AVX512-BF16/AMX, and exactness tests always run in fp32.
 DEFAULT_DTYPE: DType = "float32"
-# Without the C kernels, dev box, torch's AVX2 code: one stream 25.0 tok/s on packed weights against
-# 13.4 on fp32, 16 streams 92.8 against 54.6; perplexity +0.4 %, Paris still the answer
-# (`benchmarks/results/engine_quantized.md`).
+# Without the C kernels, dev box, torch's AVX2 code, two runs each: one stream 25.0-26.6 tok/s on
+# packed weights against 13.4-15.4 on fp32, 16 streams 71-93 against 55-64; perplexity +0.4 %,
+# Paris still the answer (`benchmarks/results/engine_quantized.md`).
 DEFAULT_DECODE_WEIGHTS: DecodeWeights = "packed"
 DEFAULT_PAGE_SIZE = 16
 # A decode step's cost is mostly reading the weights once, so rows are cheap up to a point. Few-shot
