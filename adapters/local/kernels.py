@@ -13,7 +13,10 @@ Decisions:
   against each other.
 - Anything missing (no compiler, not x86-64 Linux, a CPU without AVX-512F, a failed build) makes
   `load_kernel` return None with the reason logged once, and the model runs the same GGUF through
-  dense fp32 weights and torch's attention. Nothing here is needed for correctness, only for speed.
+  torch's kernels (decode rows on packed weights, see `stock_linear`) and torch's attention: the
+  path of every host without AVX-512, which `c_kernels = false` forces on any host (the tests run
+  it). Nothing here is needed for correctness, only for speed; what each kernel still wins over
+  torch's is measured in `benchmarks/results/engine_quantized.md`.
 """
 
 from __future__ import annotations
@@ -324,4 +327,4 @@ def _check(kernel: str, status: int) -> None:
 
 
 def _log_unavailable(reason: str) -> None:
-    logger.info("CPU kernels unavailable (%s): weights run as dense fp32, attention in torch", reason)
+    logger.info("CPU kernels unavailable (%s): torch's kernels run the model", reason)

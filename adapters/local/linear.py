@@ -59,12 +59,15 @@ class Linear(Protocol):
         """Bytes the weight holds in memory."""
         ...
 
-    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         """`x @ w.T` for `x` `[rows, in]`: a new `[rows, out]` tensor. `int8_rows`: the rows that may
-        take int8 activations (see `Q4Linear`); the rest are exact."""
+        take int8 activations (see `Q4Linear`); `decode_rows`: the first rows are decode rows, which
+        may take torch's packed-weight kernels (see `stock_linear`); the rest are exact."""
         ...
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
         """`out += x @ w.T`, in place (the residual adds)."""
         ...
 
@@ -83,10 +86,12 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight_t.numel() * self.weight_t.element_size()
 
-    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         return x @ self.weight_t
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
         out.addmm_(x, self.weight_t)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -112,14 +117,16 @@ class Q4Linear:
         parts = (self.packed, self.scale, self.offset, self.weight_t, self.vnni)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             return x @ self.weight_t
         out = torch.empty(x.shape[0], self.packed.shape[0] * GROUP, dtype=torch.float32)
         self._product(x, out, accumulate=False, int8_rows=int8_rows)
         return out
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
         if x.shape[0] > FUSED_MAX_ROWS and self.weight_t is not None:
             out.addmm_(x, self.weight_t)
         elif out.stride(-1) != 1:
@@ -192,10 +199,12 @@ class Q8Linear:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale))
 
-    def mm(self, x: torch.Tensor, int8_rows: RowSpans = ()) -> torch.Tensor:
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         return self.kernel.q8_matmul(_rows_contiguous(x), self.packed, self.scale)
 
-    def addmm_(self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = ()) -> None:
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
         out.add_(self.mm(x))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -235,7 +244,7 @@ def interleave_q8_0(qs: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor
     return qs.view(rows // GROUP, GROUP, cols).transpose(1, 2).contiguous(), _by_group(scale)
 
 
-def _by_output(grouped: torch.Tensor) -> torch.Tensor:
+def by_output(grouped: torch.Tensor) -> torch.Tensor:
     """An interleaved `[out/16, n, 16]` tensor back in rows of outputs, `[out, n]`."""
     groups, width, _ = grouped.shape
     return grouped.transpose(1, 2).reshape(groups * GROUP, width)
@@ -285,7 +294,7 @@ def build_linear(
     if f"{name}.offset" not in tensors:  # Q8_0
         if runs is not None:
             return Q8Linear(packed=packed, scale=scale, kernel=runs)
-        weight = dequantize_q8_0(_by_output(packed), _by_output(scale))
+        weight = dequantize_q8_0(by_output(packed), by_output(scale))
         return DenseLinear(weight.t().to(dtype).contiguous())
     if runs is None:
         return DenseLinear(take(tensors[f"{name}_t"].to(dtype)))

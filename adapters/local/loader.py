@@ -57,9 +57,11 @@ def load_model(config: LocalEngineConfig) -> LoadedModel:
     )
     dtype = TORCH_DTYPES[config.dtype]
     kernel = None
-    if config.quantized_matmul and dtype == torch.float32:
+    if config.c_kernels and dtype == torch.float32:
         kernel = load_kernel(config.resolved_cache_dir())
-    model = LlamaModel(checkpoint.spec, checkpoint.tensors, dtype, kernel, config.prefill_activations)
+    model = LlamaModel(
+        checkpoint.spec, checkpoint.tensors, dtype, kernel, config.prefill_activations, config.decode_weights
+    )
     loaded = LoadedModel(
         spec=checkpoint.spec, model=model, tokenizer=tokenizer, template=template, sha256=checkpoint.sha256
     )

@@ -34,11 +34,12 @@ from adapters.local.attention import (
     run_windows,
     windowed_attention,
 )
-from adapters.local.config import PrefillActivations
+from adapters.local.config import DecodeWeights, PrefillActivations
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, merged_spans, owned
+from adapters.local.stock_linear import build_stock_linear
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -111,10 +112,12 @@ class LlamaModel:
         dtype: torch.dtype,
         kernel: CpuKernels | None = None,
         prefill_activations: PrefillActivations = "fp32",
+        decode_weights: DecodeWeights = "fp32",
     ) -> None:
         """`kernel`: the C kernels for decode steps (packed products, see `linear`; attention;
-        RMSNorm), used in float32 only; None: dense weights and torch ops throughout.
-        `prefill_activations`: see `LocalEngineConfig.prefill_activations`."""
+        RMSNorm), used in float32 only; None: torch ops throughout, decode rows on packed weights
+        (`stock_linear`) where `decode_weights` is "packed", else dense. `prefill_activations`,
+        `decode_weights`: see `LocalEngineConfig`."""
         self.spec = spec
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
@@ -130,6 +133,8 @@ class LlamaModel:
             return owned(tensor) if copy else tensor.contiguous()
 
         def linear(name: str) -> Linear:
+            if self._kernels is None and decode_weights == "packed":
+                return build_stock_linear(tensors, name, dtype)
             return build_linear(tensors, name, dtype, kernel, prefill_activations, copy=copy)
 
         self.embed = get("embed") if "embed" in tensors else None
@@ -186,9 +191,10 @@ class LlamaModel:
         cos, sin = (None, None) if in_kernel else self._rotation(batch.positions)
         # Rows of long prompts may take int8 activations (`prefill_activations`), decided per sequence.
         int8_rows = merged_spans([(seg.start, seg.start + seg.length) for seg in batch.prefills if seg.int8])
+        decode_rows = batch.decode.count if batch.decode is not None else 0  # the step's first rows
         for index, layer in enumerate(self.layers):
             h = norm(x, layer.attn_norm, spec.rms_norm_eps)
-            qkv = layer.wqkv.mm(h, int8_rows)
+            qkv = layer.wqkv.mm(h, int8_rows, decode_rows)
             k_pages, v_pages = pool.k[index], pool.v[index]
             k: torch.Tensor | None = None
             v: torch.Tensor | None = None
@@ -210,8 +216,8 @@ class LlamaModel:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
                 x, attn = x[batch.logit_rows], attn[batch.logit_rows]
                 int8_rows = _logit_spans(int8_rows, batch.logit_rows.tolist())
-            layer.wo.addmm_(x, attn, int8_rows)
-            self._mlp(x, layer, norm, int8_rows)
+            layer.wo.addmm_(x, attn, int8_rows, decode_rows)
+            self._mlp(x, layer, norm, int8_rows, decode_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +257,7 @@ class LlamaModel:
         kernels = self._kernels
         norm = self._norm(_rms_norm)
         for index, layer in enumerate(self.layers):
-            qkv = layer.wqkv.mm(norm(x, layer.attn_norm, eps))
+            qkv = layer.wqkv.mm(norm(x, layer.attn_norm, eps), decode_rows=rows)
             qk = torch.bmm(qkv[:, :qk_width].view(rows, n_q + n_kv, hd), rope)
             k_slots[index].index_copy_(0, batch.slots, qk[:, n_q:].reshape(rows, n_kv * hd))
             v_slots[index].index_copy_(0, batch.slots, qkv[:, qk_width:])
@@ -262,11 +268,11 @@ class LlamaModel:
                 attn = windowed_attention(q, windows.keys[index], windows.values[index], windows.mask)
             else:
                 attn = decode_attention(q, pool.k[index], pool.v[index], plan)
-            layer.wo.addmm_(x, attn)
-            gate_up = layer.w_gate_up.mm(norm(x, layer.ffn_norm, eps))
+            layer.wo.addmm_(x, attn, decode_rows=rows)
+            gate_up = layer.w_gate_up.mm(norm(x, layer.ffn_norm, eps), decode_rows=rows)
             gate = F.silu(gate_up[:, :ffn], inplace=True).mul_(gate_up[:, ffn:])
-            layer.w_down.addmm_(x, gate)
-        return self.lm_head.mm(norm(x, self.norm, eps)).float()
+            layer.w_down.addmm_(x, gate, decode_rows=rows)
+        return self.lm_head.mm(norm(x, self.norm, eps), decode_rows=rows).float()
 
     def _norm(self, fallback: _Norm) -> _Norm:
         """RMSNorm in the C kernel where it runs (one call instead of six torch ops; a 512-row
@@ -275,7 +281,9 @@ class LlamaModel:
             return self._kernels.rms_norm
         return fallback
 
-    def _mlp(self, x: torch.Tensor, layer: _Layer, norm: _Norm, int8_rows: RowSpans) -> torch.Tensor:
+    def _mlp(
+        self, x: torch.Tensor, layer: _Layer, norm: _Norm, int8_rows: RowSpans, decode_rows: int
+    ) -> torch.Tensor:
         """`x += SwiGLU(RMSNorm(x))` in blocks of rows: a long chunk's `[rows, 2 * ffn]`
         intermediate would otherwise be its largest temporary (12.6 MB at 1,024 rows)."""
         spec = self.spec
@@ -283,12 +291,13 @@ class LlamaModel:
         for start in range(0, x.shape[0], MLP_BLOCK_ROWS):
             rows = x[start : start + MLP_BLOCK_ROWS]
             block = clip_spans(int8_rows, start, start + rows.shape[0])
-            gate_up = layer.w_gate_up.mm(norm(rows, layer.ffn_norm, spec.rms_norm_eps), block)
+            decoding = min(rows.shape[0], max(0, decode_rows - start))
+            gate_up = layer.w_gate_up.mm(norm(rows, layer.ffn_norm, spec.rms_norm_eps), block, decoding)
             if kernels is not None:
-                layer.w_down.addmm_(rows, kernels.swiglu(gate_up), block)
+                layer.w_down.addmm_(rows, kernels.swiglu(gate_up), block, decoding)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
-                rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up), block))
+                rows.add_(layer.w_down.mm(F.silu(gate, inplace=True).mul_(up), block, decoding))
         return x
 
     def _attention(

@@ -27,9 +27,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sequence-tokens", type=int, default=SEQUENCE_TOKENS)
+    parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = LocalEngineConfig(threads=args.threads)
+    config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
     engine = LocalEngine(config)
     engine.start_sync()
     ours(engine, [token_ids(16, seed=1)], 2)  # touches every weight page once

@@ -1,8 +1,10 @@
-"""The embedded engine against `transformers`, side by side in one process: same model (the GGUF),
-same prompts, same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
+"""The embedded engine against `transformers` and llama.cpp (where `llama-cpp-python`, the optional
+`bench` extra, is installed), side by side in one process: same model (the GGUF), same prompts,
+same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
 
     .venv/bin/python -m benchmarks.engine.run --threads 2
     .venv/bin/python -m benchmarks.engine.run --threads 2 --only prefill decode   # a subset
+    .venv/bin/python -m benchmarks.engine.run --no-c-kernels   # torch's kernels, as a host without AVX-512
 
 Sections (the issue's floors in brackets):
 - cold prefill of 2,176 tokens: time to first token, prefill tokens/s          [>= 1.2x transformers]
@@ -33,6 +35,8 @@ from adapters.local import LocalEngine, LocalEngineConfig
 from adapters.local.config import default_model_path
 from adapters.local.loader import LoadedModel, load_model
 from benchmarks.engine.workloads import (
+    llama_cpp,
+    load_llama_cpp,
     ours,
     per_token_ms,
     reference,
@@ -65,14 +69,25 @@ def main() -> None:
         default=list(SECTIONS),
         help="run only these sections (each reported with its own baseline, as in a full run)",
     )
+    parser.add_argument(
+        "--no-c-kernels", action="store_true", help="c_kernels = false: torch's kernels on any host"
+    )
+    parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
     args = parser.parse_args()
     only = set(args.only) - ({"memory"} if args.skip_memory else set())
     torch.set_num_threads(args.threads)
     started = time.time()
     load_before = os.getloadavg()
-    config = LocalEngineConfig(threads=args.threads)
+    config = LocalEngineConfig(
+        threads=args.threads, c_kernels=not args.no_c_kernels, decode_weights=args.decode_weights
+    )
     loaded = load_model(config)
     reference_model = _load_reference() if only & {"prefill", "decode"} else None
+    llama = None
+    if only & {"prefill", "decode"}:
+        llama = load_llama_cpp(default_model_path(), args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
+        if llama is None:
+            print("llama-cpp-python is not installed (pip install -e '.[bench]'): no llama.cpp column")
     results: dict[str, Any] = {
         "machine": _machine(args.threads),
         "command": "python -m benchmarks.engine.run " + " ".join(sys.argv[1:]),
@@ -81,14 +96,17 @@ def main() -> None:
             "max_prefill_tokens": config.max_prefill_tokens,
             "max_idle_prefill_tokens": config.max_idle_prefill_tokens,
             "dtype": config.dtype,
+            "c_kernels": loaded.model.attends_in_kernel,
+            "decode_weights": config.decode_weights,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         },
     }
     if "prefill" in only:
         _progress("prefill")
-        results["prefill"] = _prefill(loaded, config, reference_model, args.reps)
+        results["prefill"] = _prefill(loaded, config, reference_model, llama, args.reps)
     if "decode" in only:
         _progress("decode")
-        results["decode"] = _decode(loaded, config, reference_model, args.reps)
+        results["decode"] = _decode(loaded, config, reference_model, llama, args.reps)
     if "concurrency" in only:
         _progress("concurrency")
         results["concurrency"] = _concurrency(loaded, config, args.reps)
@@ -97,7 +115,7 @@ def main() -> None:
         results["few_shot"] = _few_shot(loaded, config)
     if "memory" in only:
         _progress("memory")
-        results["memory"] = _memory(args.threads)
+        results["memory"] = _memory(args.threads, args.no_c_kernels)
     results["load_average"] = {"start": load_before, "end": os.getloadavg()}
     results["elapsed_s"] = round(time.time() - started, 1)
     OUT_DIR.mkdir(exist_ok=True)
@@ -127,10 +145,13 @@ def _load_reference() -> Any:
     return model.eval()
 
 
-def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: int) -> dict[str, Any]:
+def _prefill(
+    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+) -> dict[str, Any]:
     cold_engine = _engine(loaded, config, radix_cache=False)
     cached_engine = _engine(loaded, config)
     ours_cold, theirs_cold, theirs_forward, ours_cached, theirs_cached = [], [], [], [], []
+    llama_cold: list[float] = []
     prefix = token_ids(PREFIX_TOKENS, seed=100)
     ours(cached_engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
     for rep in range(reps):
@@ -138,6 +159,8 @@ def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: i
         ours_cold.append(ours(cold_engine, [prompt], 1)[1][0].first_token_s)
         theirs_cold.append(reference(model, prompt, 1).first_token_s)
         theirs_forward.append(reference_forward_s(model, prompt))
+        if llama is not None:
+            llama_cold.append(llama_cpp(llama, prompt, 1).first_token_s)
         question = token_ids(QUESTION_TOKENS, seed=300 + rep)
         timed = ours(cached_engine, [prefix + question], 1)[1][0]
         ours_cached.append(timed.first_token_s)
@@ -147,7 +170,7 @@ def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: i
     ours_s, theirs_s, forward_s, cached_s = (
         statistics.median(v) for v in (ours_cold, theirs_cold, theirs_forward, ours_cached)
     )
-    return {
+    out: dict[str, Any] = {
         "cold_ttft_s": {
             "ours": ours_s,
             "transformers_generate": theirs_s,
@@ -164,25 +187,41 @@ def _prefill(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: i
         "cached_ttft_s": {"ours": cached_s, "transformers_reused_kv": statistics.median(theirs_cached)},
         "cached_over_cold": cached_s / ours_s,
     }
+    if llama_cold:
+        llama_s = statistics.median(llama_cold)
+        out["llama_cpp"] = {
+            "cold_ttft_s": llama_s,
+            "samples": llama_cold,
+            "prefill_speedup": llama_s / ours_s,
+        }
+    return out
 
 
-def _decode(loaded: LoadedModel, config: LocalEngineConfig, model: Any, reps: int) -> dict[str, Any]:
+def _decode(
+    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+) -> dict[str, Any]:
     # Alternating repetitions, median of each: on a shared machine load comes and goes, and
     # measuring one engine right after the other would give the difference to whichever ran quieter.
     engine = _engine(loaded, config, radix_cache=False)
-    ours_samples, theirs_samples = [], []
+    ours_samples, theirs_samples, llama_samples = [], [], []
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=400 + rep)
         ours_samples.append(per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0]))
         theirs_samples.append(per_token_ms(reference(model, prompt, DECODE_TOKENS)))
+        if llama is not None:
+            llama_samples.append(per_token_ms(llama_cpp(llama, prompt, DECODE_TOKENS)))
     engine.close_sync()
     ours_ms, theirs_ms = statistics.median(ours_samples), statistics.median(theirs_samples)
-    return {
+    out: dict[str, Any] = {
         "context": COLD_TOKENS,
         "ms_per_token": {"ours": ours_ms, "transformers": theirs_ms},
         "samples": {"ours": ours_samples, "transformers": theirs_samples},
         "ratio": ours_ms / theirs_ms,
     }
+    if llama_samples:
+        llama_ms = statistics.median(llama_samples)
+        out["llama_cpp"] = {"ms_per_token": llama_ms, "samples": llama_samples, "ratio": ours_ms / llama_ms}
+    return out
 
 
 def _concurrency(loaded: LoadedModel, config: LocalEngineConfig, reps: int) -> dict[str, Any]:
@@ -226,8 +265,9 @@ def _few_shot(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
     return out
 
 
-def _memory(threads: int) -> dict[str, Any]:
+def _memory(threads: int, no_c_kernels: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.engine.memory", "--threads", str(threads)]
+    command += ["--no-c-kernels"] if no_c_kernels else []
     done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=Path(__file__).parents[2])
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -270,6 +310,18 @@ def _table(r: dict[str, Any]) -> str:
                 f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
                 f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
             ),
+            *(
+                [
+                    (
+                        "cold prefill vs llama.cpp",
+                        f"{cold['ours']:.2f} s",
+                        f"llama.cpp {p['llama_cpp']['cold_ttft_s']:.2f} s",
+                        f"{p['llama_cpp']['prefill_speedup']:.2f}x faster (>= 1.5x)",
+                    )
+                ]
+                if "llama_cpp" in p
+                else []
+            ),
             (
                 "TTFT, 2,048 cached + 128 new",
                 f"{p['cached_ttft_s']['ours']:.2f} s",
@@ -287,6 +339,15 @@ def _table(r: dict[str, Any]) -> str:
                 f"{d['ratio']:.2f}x (<= 0.5x)",
             )
         )
+        if "llama_cpp" in d:
+            rows.append(
+                (
+                    "decode vs llama.cpp",
+                    f"{d['ms_per_token']['ours']:.1f}",
+                    f"llama.cpp {d['llama_cpp']['ms_per_token']:.1f}",
+                    f"{d['llama_cpp']['ratio']:.2f}x (<= 1x)",
+                )
+            )
     if "concurrency" in r:
         c = r["concurrency"]
         rows.append(
@@ -313,7 +374,7 @@ def _table(r: dict[str, Any]) -> str:
         rows.append(
             ("peak RSS, 16 x 4,096 tokens", f"{m['peak_rss_bytes'] / mb:.0f} MB", "", f"limit {limit:.0f} MB")
         )
-    lines = ["| measurement | radixgate local | transformers | ratio (floor) |", "|---|---|---|---|"]
+    lines = ["| measurement | radixgate local | baseline | ratio (floor) |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c_} | {e} |" for a, b, c_, e in rows]
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Deterministic prompts for the engine benchmark, and the two engines' timing harnesses.
 
 Prompts are seeded random token ids from the ordinary vocabulary range, identical for our
-engine and for `transformers`. Every generation bans EOS (ours: logit bias; transformers:
+engine, `transformers` and llama.cpp. Every generation bans EOS (ours: logit bias; transformers:
 `min_new_tokens`), so both produce exactly the number of tokens asked for.
 """
 
@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,3 +121,43 @@ def per_token_ms(timed: Timed) -> float:
     """Mean gap between consecutive generated tokens (decode only), in ms."""
     gaps = timed.token_times[-1] - timed.token_times[0]
     return gaps / (len(timed.token_times) - 1) * 1000
+
+
+def load_llama_cpp(path: Path, threads: int, context: int, *, repack: bool = False) -> Any | None:
+    """llama.cpp (`llama-cpp-python`, the optional `bench` extra) on the same GGUF with the same
+    threads; None where it is not installed. `repack`: let it move weights into its extra buffer
+    types (AMX / repacked layouts); off by default because on the dev box's KVM guest (AMX flags
+    shown) the first decode with them crashed (SIGSEGV in `llama_decode`), so the baseline runs
+    ggml-cpu's ordinary AVX-512 kernels on the Q4_1 blocks as stored."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    defaults = llama_cpp.llama_model_default_params
+
+    def model_params() -> Any:
+        params = defaults()
+        params.use_extra_bufts = repack
+        return params
+
+    # `Llama` takes no argument for it: it reads the library's defaults while it loads the model.
+    llama_cpp.llama_cpp.llama_model_default_params = model_params
+    try:
+        return llama_cpp.Llama(
+            model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = defaults
+
+
+def llama_cpp(model: Any, prompt: list[int], max_tokens: int) -> Timed:
+    """llama.cpp greedy decoding of `prompt` from an empty cache, timing each token (its generator
+    never stops at EOS by itself, so it gives exactly `max_tokens`)."""
+    model.reset()  # no prefix of an earlier prompt is reused
+    start = time.perf_counter()
+    times: list[float] = []
+    for _ in model.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        times.append(time.perf_counter() - start)
+        if len(times) == max_tokens:
+            break
+    return Timed(seconds=times[-1], first_token_s=times[0], token_times=times)

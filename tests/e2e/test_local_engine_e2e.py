@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import openai
 import pytest
@@ -108,3 +109,21 @@ def test_disconnecting_frees_the_pages(
             break
         assert time.monotonic() < deadline, stats
         time.sleep(0.02)
+
+
+def test_torchs_kernels_answer_paris_too() -> None:
+    """The path of a host without the C kernels (torch's packed-weight kernels, `c_kernels = false`),
+    served by the gateway like any other: the same answer."""
+    settings = Settings(local_engine=replace(ENGINE, c_kernels=False))
+    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
+    try:
+        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk:
+            answer = sdk.chat.completions.create(
+                model=ENGINE.model_id,
+                messages=[{"role": "user", "content": QUESTION}],
+                temperature=0,
+                max_tokens=24,
+            )
+    finally:
+        server.stop()
+    assert "Paris" in (answer.choices[0].message.content or "")

@@ -21,11 +21,16 @@ from adapters.local.loader import LoadedModel, load_model
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 TEST_THREADS = 1  # one thread: OpenMP barriers on a busy 2-core box cost more than a second thread gains
-# Small pools keep tests light; each still holds several 1k-token sequences. Exact prefill products
-# (`prefill_activations = "fp32"`): the parity and equivalence tests are about exact arithmetic;
-# `test_int8_prefill.py` covers the default int8 mode.
+# Small pools keep tests light; each still holds several 1k-token sequences. Exact products
+# (`prefill_activations = "fp32"`, `decode_weights = "fp32"`): the parity and equivalence tests are
+# about exact arithmetic; `test_int8_prefill.py` and `test_stock_linear.py` cover the default modes.
 TEST_CONFIG = LocalEngineConfig(
-    threads=TEST_THREADS, kv_budget_tokens=8192, max_running=8, max_queued=64, prefill_activations="fp32"
+    threads=TEST_THREADS,
+    kv_budget_tokens=8192,
+    max_running=8,
+    max_queued=64,
+    prefill_activations="fp32",
+    decode_weights="fp32",
 )
 
 

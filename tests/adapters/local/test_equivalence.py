@@ -97,9 +97,9 @@ def test_n_choices_equal_one_choice_under_greedy(engine: LocalEngine, loaded: Lo
 def test_dense_fallback_gives_the_kernels_answer(engine: LocalEngine, loaded: LoadedModel) -> None:
     """Where the C kernels cannot build, the same GGUF runs as dense fp32 weights through torch:
     the same greedy answer, single stream and batched."""
-    dense_model = load_model(replace(TEST_CONFIG, quantized_matmul=False))
+    dense_model = load_model(replace(TEST_CONFIG, c_kernels=False, decode_weights="fp32"))
     assert isinstance(dense_model.model.layers[0].wqkv, DenseLinear)
-    dense = LocalEngine(replace(TEST_CONFIG, quantized_matmul=False), model=dense_model)
+    dense = LocalEngine(replace(TEST_CONFIG, c_kernels=False, decode_weights="fp32"), model=dense_model)
     dense.start_sync()
     try:
         prompts = [

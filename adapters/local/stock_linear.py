@@ -1,0 +1,161 @@
+"""Decode rows on packed weights through torch's own CPU kernels: the path of every host where the
+C kernels (`kernels`, AVX-512 only) do not run.
+
+A decode step is memory-bound: it reads every weight once for a row or a few. Dense fp32 weights
+are 4 bytes each (the default SmolLM2 file's 120 layer matrices: 425 MB a step); the GGUF's Q4_1
+nibbles are half a byte. torch ships weight-only kernels for both formats used here, with AVX2,
+AVX-512 and NEON code chosen at run time (`torch.backends.cpu.get_cpu_capability()`):
+
+- `_weight_int4pack_mm_for_cpu` (groups of 32 inputs, as Q4_1's blocks) for the layer matrices:
+  Q4_1's `d * q + m` is its `(q - 8) * scale + zero` with `zero = m + 8 d`, so the nibbles go in
+  as they are and only `d` and `zero` are rounded (to bf16, the type its vector code takes).
+- `_weight_int8pack_mm` (int8 per output channel) for a Q8_0 head: the head multiplies only the
+  rows that give logits, and its 28 MB of int8 read faster than 113 MB of fp32.
+
+Both take bf16 activations and give bf16 outputs (their fp32 paths are scalar code on x86).
+Measured in `benchmarks/results/engine_quantized.md` (`python -m benchmarks.engine.products`): one
+row's 120 layer products with torch's AVX2 code in 8.8 ms against 19.5 for MKL on fp32. Prompt
+chunks are compute-bound, and there these kernels lose to MKL (512 rows: 0.7-4.4 s against
+0.4-0.6), so prompt rows keep the exact fp32 product. Which rows are which the caller says
+(`decode_rows`: a step's decode rows come first), so a row's arithmetic depends on its own request,
+never on what shares its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adapters.local.linear import (
+    GROUP,
+    Q4_1_BLOCK,
+    DenseLinear,
+    Linear,
+    RowSpans,
+    by_output,
+    dequantize_q8_0,
+    owned,
+)
+
+INT4_INNER_K_TILES = 1
+"""`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
+_ACTIVATIONS = torch.bfloat16
+
+
+@dataclass(slots=True)
+class Int4Linear:
+    """A Q4_1 weight `[out, in]` as torch's int4 pack (`packed` `[out, in/2]` uint8,
+    `scales_zeros` `[in/32, out, 2]` bf16) for decode rows, and `exact` (the dense copy) for the
+    rest."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+    exact: DenseLinear
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.packed, self.scales_zeros)
+        return sum(t.numel() * t.element_size() for t in parts) + self.exact.nbytes
+
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        if decode_rows == 0:
+            return self.exact.mm(x)
+        compact = self._compact(x[:decode_rows])
+        if decode_rows == x.shape[0]:
+            return compact
+        return torch.cat([compact, self.exact.mm(x[decode_rows:])])
+
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
+        if decode_rows:
+            out[:decode_rows].add_(self._compact(x[:decode_rows]))
+        if decode_rows < x.shape[0]:
+            self.exact.addmm_(out[decode_rows:], x[decode_rows:])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.exact.rows(ids)
+
+    def _compact(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(_ACTIVATIONS).contiguous(), self.packed, Q4_1_BLOCK, self.scales_zeros
+        )
+        return y.to(x.dtype)
+
+
+@dataclass(slots=True)
+class Int8Head:
+    """The head `[vocab, hidden]` as int8 per output channel (`weight` int8, `scales` `[vocab]`
+    bf16) for every row it multiplies (only rows that give logits reach it), and a `table` for
+    token lookups of a tied embedding: the exact weight, or the Q8_0 blocks (`q8`) it came from."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+    table: Linear | None = None
+    q8: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Q8_0 `[vocab, hidden]` int8 and `[vocab, hidden/32]` fp32 scales: embeddings as `gguf` gives."""
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.weight, self.scales, *(self.q8 or ())]
+        table = self.table.nbytes if self.table is not None else 0
+        return int(sum(t.numel() * t.element_size() for t in parts)) + table
+
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
+            x.to(_ACTIVATIONS).contiguous(), self.weight, self.scales
+        )
+        return y.to(x.dtype)
+
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
+        out.add_(self.mm(x))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.q8 is not None:
+            qs, scale = self.q8
+            return dequantize_q8_0(qs[ids], scale[ids])
+        assert self.table is not None  # one of the two is always kept (`int8_head`)
+        return self.table.rows(ids)
+
+
+def int4_linear(
+    packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, exact: DenseLinear
+) -> Int4Linear:
+    """`Int4Linear` from a Q4_1 weight in the C kernels' layout (`linear.interleave_q4_1`:
+    `packed` `[out/16, in/2, 16]`, `scale`, `offset` `[out/16, in/32, 16]`)."""
+    groups, pairs, _ = packed.shape
+    nibbles = torch.stack([packed & 15, packed >> 4], dim=-1)  # [g, in/2, 16, 2]: inputs 2p, 2p + 1
+    q = nibbles.permute(0, 2, 1, 3).reshape(groups * GROUP, pairs * 2)
+    torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), INT4_INNER_K_TILES)
+    by_input = scale.permute(1, 0, 2).reshape(scale.shape[1], -1)  # [in/32, out]
+    zero = offset.permute(1, 0, 2).reshape(offset.shape[1], -1) + 8 * by_input
+    scales_zeros = torch.stack([by_input, zero], dim=-1).to(_ACTIVATIONS).contiguous()
+    return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, exact=exact)
+
+
+def int8_head(
+    weight: torch.Tensor, *, table: Linear | None = None, q8: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> Int8Head:
+    """`Int8Head` of the `[vocab, hidden]` fp32 `weight`: each output's int8 values scaled by its
+    max |w| / 127. Token lookups from `q8` (Q8_0 blocks by output) where given, else `table`."""
+    if table is None and q8 is None:
+        raise ValueError("int8_head needs the exact weight or its Q8_0 blocks for token lookups")
+    scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return Int8Head(weight=owned(quantized), scales=scale.to(_ACTIVATIONS), table=table, q8=q8)
+
+
+def build_stock_linear(tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
+    """The weight `name` from a checkpoint (see `gguf_convert`) for a model the C kernels do not run:
+    a Q4_1 layer matrix as `Int4Linear`, a Q8_0 head as `Int8Head`, anything else dense."""
+    if f"{name}.packed" not in tensors:
+        return DenseLinear(tensors[f"{name}_t"].to(dtype).contiguous())
+    packed, scale = tensors[f"{name}.packed"], tensors[f"{name}.scale"]
+    if f"{name}.offset" in tensors:
+        exact = DenseLinear(tensors[f"{name}_t"].to(dtype).contiguous())
+        return int4_linear(packed, scale, tensors[f"{name}.offset"], exact)
+    qs, q8_scale = by_output(packed), by_output(scale)
+    return int8_head(dequantize_q8_0(qs, q8_scale), q8=(qs, q8_scale))

@@ -1,0 +1,187 @@
+"""The weight products of one SmolLM2-135M step through each candidate, side by side in one process.
+
+A step multiplies its rows by 120 layer matrices (30 layers x wqkv 960x576, wo 576x576, w_gate_up
+3072x576, w_down 576x1536) and the tied head (49,152 x 576) for the rows that give logits. Each
+candidate holds 30 distinct copies of the layer matrices, so the weights stream from memory as in
+the engine. Candidates: fp32 (MKL), torch's `_weight_int4pack_mm_for_cpu` (groups of 32, as Q4_1)
+and `_weight_int8pack_mm` (per output channel), with bf16 activations (their fp32 paths are
+scalar code on x86: 0.9 s for one row's 120 products here), and the C kernels where they build
+(exact Q4_1/Q8_0, and VNNI int8 activations).
+
+    .venv/bin/python -m benchmarks.engine.products --threads 2
+    # torch's and MKL's AVX2 code on an AVX-512 host (what a host without AVX-512 runs):
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        .venv/bin/python -m benchmarks.engine.products --no-c
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from adapters.local.kernels import load_kernel
+from adapters.local.linear import GROUP, interleave_q4_1, interleave_q4_1_vnni, interleave_q8_0
+
+LAYERS = 30
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+HEAD = (49152, 576)
+GROUP_SIZE = 32
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _q4(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random Q4_1 parts: `q` [n, k] in 0..15, `scale`, `offset` [n, k/32]."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = torch.rand(n, k // GROUP_SIZE, generator=g) * 0.01 + 0.001
+    offset = -8 * scale
+    return q, scale, offset
+
+
+def _dense(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    s = scale.repeat_interleave(GROUP_SIZE, 1)
+    return q.float() * s + offset.repeat_interleave(GROUP_SIZE, 1)
+
+
+def _int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, GROUP_SIZE, scales_zeros)
+
+
+def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight, scales)
+
+
+def _int8_product(dense: torch.Tensor) -> Product:
+    weight, scales = _per_channel(dense)
+    return partial(_int8, weight=weight, scales=scales)
+
+
+def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    return x @ weight_t
+
+
+def _per_channel(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dense` [n, k] as int8 [n, k] and bf16 scales [n] (max |w| / 127 per output)."""
+    scale = dense.abs().amax(1).clamp(min=1e-12) / 127
+    return torch.round(dense / scale[:, None]).to(torch.int8).contiguous(), scale.bfloat16()
+
+
+def _c_product(
+    kernel: Callable[..., None], weights: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> Product:
+    def product(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], weights.shape[0] * GROUP)
+        kernel(x, weights, scale, offset, out, accumulate=False)
+        return out
+
+    return product
+
+
+def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
+    """Name -> one product per layer matrix (LAYERS x SHAPES)."""
+    parts = [_q4(n, k, seed) for seed in range(LAYERS) for n, k in SHAPES]
+    dense = [_dense(*p) for p in parts]
+    out: dict[str, list[Product]] = {
+        "fp32 (MKL)": [partial(_mkl, weight_t=w.t().contiguous()) for w in dense]
+    }
+    # fp32 activations run scalar code on x86 in both torch ops (their vector paths take bf16).
+    int4 = []
+    for q, scale, offset in parts:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        zeros = offset + 8 * scale  # the op computes (q - 8) * scale + zero
+        scales_zeros = torch.stack([scale.t(), zeros.t()], dim=-1).bfloat16().contiguous()
+        int4.append(partial(_int4, packed=packed, scales_zeros=scales_zeros))
+    out["int4pack, bf16 x"] = int4
+    out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
+    kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
+    if kernels is not None:
+        exact, vnni = [], []
+        for q, scale, offset in parts:
+            n, k = q.shape
+            halves = q.view(n, k // 32, 2, 16)
+            packed, sc, of = interleave_q4_1(
+                (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(n, -1), scale, offset
+            )
+            exact.append(_c_product(kernels.matmul, packed, sc, of))
+            vnni.append(_c_product(kernels.matmul_int8, interleave_q4_1_vnni(packed), sc, of))
+        out["C q4_1 exact (AVX-512)"] = exact
+        if kernels.vnni:
+            out["C q4_1 int8 x (VNNI)"] = vnni
+    return out
+
+
+def heads(kernels_dir: Path | None) -> dict[str, Product]:
+    n, k = HEAD
+    g = torch.Generator().manual_seed(99)
+    q8 = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    block_scale = torch.rand(n, k // 32, generator=g) * 0.001
+    dense = q8.float() * block_scale.repeat_interleave(32, 1)
+    out: dict[str, Product] = {
+        "fp32 (MKL)": partial(_mkl, weight_t=dense.t().contiguous()),
+        "int8pack, bf16 x": _int8_product(dense),
+    }
+    kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
+    if kernels is not None:
+        packed, scale = interleave_q8_0(q8, block_scale)
+        out["C q8_0 exact (AVX-512)"] = partial(kernels.q8_matmul, packed=packed, scale=scale)
+    return out
+
+
+def _pass(products: list[Product], inputs: list[torch.Tensor]) -> float:
+    start = time.perf_counter()
+    for product, x in zip(products, inputs, strict=True):
+        product(x)
+    return (time.perf_counter() - start) * 1000
+
+
+def compare(sets: dict[str, list[Product]], widths: list[int], rows: int, rounds: int) -> dict[str, float]:
+    """Median ms of one pass over each set's products on `rows` random rows, the sets taking turns
+    pass by pass (on a shared machine load comes and goes; turns spread it over all of them)."""
+    by_width = {k: torch.randn(rows, k) for k in set(widths)}
+    inputs = [by_width[k] for k in widths]
+    samples: dict[str, list[float]] = {name: [] for name in sets}
+    with torch.inference_mode():
+        for products in sets.values():  # warm-up
+            _pass(products, inputs)
+        for _ in range(rounds):
+            for name, products in sets.items():
+                samples[name].append(_pass(products, inputs))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 512])
+    parser.add_argument("--no-c", action="store_true", help="leave out the C kernels")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        where = None if args.no_c else Path(tmp)
+        layer_products, head_products = candidates(where), heads(where)
+    widths = [k for _ in range(LAYERS) for _, k in SHAPES]
+    columns = {r: compare(layer_products, widths, r, args.rounds if r < 512 else 3) for r in args.rows}
+    print(f"\n120 layer products, ms (median of {args.rounds} rounds; 512 rows: 3)\n")
+    print("| candidate | " + " | ".join(f"{r} rows" for r in args.rows) + " |")
+    print("|---|" + "---|" * len(args.rows))
+    for name in layer_products:
+        print(f"| {name} | " + " | ".join(f"{columns[r][name]:.1f}" for r in args.rows) + " |")
+    head_sets = {name: [product] for name, product in head_products.items()}
+    head_columns = {r: compare(head_sets, [HEAD[1]], r, args.rounds) for r in (1, 16)}
+    print("\nhead 49,152 x 576, ms\n")
+    print("| candidate | 1 row | 16 rows |\n|---|---|---|")
+    for name in head_products:
+        print(f"| {name} | {head_columns[1][name]:.2f} | {head_columns[16][name]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""How far decode rows on packed weights through torch's kernels (`decode_weights = "packed"`
+without the C kernels, the path of every host without AVX-512) move the model from exact fp32.
+
+- perplexity of a long text (`docs/architecture.md`, first `PPL_TOKENS` tokens), every token
+  teacher-forced as a decode row, so every product is the mode's decode product;
+- greedy agreement: 32 tokens on the 20 prompts of `int8_quality` (~1,000 tokens each), from an
+  engine in each mode;
+- the answer to "What is the capital of France?" in each mode.
+
+    .venv/bin/python -m benchmarks.engine.quality --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from dataclasses import replace
+
+import torch
+
+from adapters.local import LocalEngine, LocalEngineConfig
+from adapters.local.kv_pool import KVPool
+from adapters.local.loader import LoadedModel, load_model
+from adapters.local.runner import ModelRunner
+from adapters.local.sampling import SamplerState, SamplingParams
+from adapters.local.scheduler import ScheduledStep
+from adapters.local.sequence import Sequence
+from adapters.local.text_stream import TextStream
+from adapters.schema import ChatMessage
+from benchmarks.engine.int8_quality import CONTEXT_FILE, NEW_TOKENS, _first_difference, greedy, prompts
+
+PPL_TOKENS = 1024
+QUESTION = "What is the capital of France?"
+
+
+def perplexity(loaded: LoadedModel, ids: list[int]) -> float:
+    """exp(mean NLL) of `ids[2:]`, each from a decode row of one sequence fed `ids` (the first
+    token is its one-token prompt, which gives no logits)."""
+    model = loaded.model
+    page_size = 16
+    pool = KVPool(model.spec, len(ids) // page_size + 2, page_size, model.dtype)
+    runner = ModelRunner(model, pool)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    sampler = SamplerState(params, model.spec.vocab_size, ids, 0)
+    seq = Sequence(None, ids, 0, sampler, TextStream(loaded.tokenizer, ()))  # type: ignore[arg-type]
+    seq.prompt_len = 1
+    seq.pages = list(range(pool.num_pages))
+    runner.run(ScheduledStep(prefills=[(seq, 1)]))
+    nll = 0.0
+    while seq.num_computed < len(ids) - 1:
+        target = ids[seq.num_computed + 1]
+        logits = runner.run(ScheduledStep(decodes=[seq])).logits[0]
+        nll -= torch.log_softmax(logits.double(), dim=-1)[target].item()
+    return math.exp(nll / (len(ids) - 2))
+
+
+def answer(config: LocalEngineConfig, loaded: LoadedModel) -> str:
+    ids = loaded.tokenizer.encode(loaded.template.render([ChatMessage(role="user", content=QUESTION)]))
+    engine = LocalEngine(config, model=loaded)
+    engine.start_sync()
+    try:
+        done = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=24, temperature=0.0)))
+        return loaded.tokenizer.decode(done.token_ids)
+    finally:
+        engine.close_sync()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    base = LocalEngineConfig(threads=args.threads, c_kernels=False)
+    configs = {mode: replace(base, decode_weights=mode) for mode in ("packed", "fp32")}
+    models = {mode: load_model(config) for mode, config in configs.items()}
+    text_ids = models["fp32"].tokenizer.encode(CONTEXT_FILE.read_text())[:PPL_TOKENS]
+    batch = prompts(models["fp32"])
+    answers = {mode: greedy(configs[mode], models[mode], batch) for mode in configs}
+    pairs = list(zip(answers["packed"], answers["fp32"], strict=True))
+    print(
+        json.dumps(
+            {
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "perplexity": {mode: perplexity(models[mode], text_ids) for mode in configs},
+                "perplexity_tokens": len(text_ids),
+                "prompts": len(batch),
+                "new_tokens": NEW_TOKENS,
+                "greedy_answers_identical": sum(a == b for a, b in pairs),
+                "first_different_token": [_first_difference(a, b) for a, b in pairs if a != b],
+                "capital_of_france": {mode: answer(configs[mode], models[mode]) for mode in configs},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Decode rows on packed weights through torch's kernels (`stock_linear`): the path of every host
+without the C kernels, run here on any host (`c_kernels = False`). Products close to the exact
+ones, prompt rows exact, the engine's answers batch-invariant, the usual answers unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from adapters.local import LocalEngine
+from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
+from adapters.local.linear import DenseLinear, dequantize_q8_0, interleave_q4_1
+from adapters.local.loader import LoadedModel, load_model
+from adapters.local.stock_linear import Int4Linear, Int8Head, int4_linear, int8_head
+from tests.adapters.local.conftest import TEST_CONFIG, chat
+from tests.adapters.local.test_equivalence import chat_ids, run
+from tests.adapters.local.test_kernels import _gguf_tensor, _q4_1_weight
+
+STOCK = replace(TEST_CONFIG, c_kernels=False, decode_weights="packed")
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 33])
+def test_int4_decode_rows_are_close_and_the_rest_exact(rows: int) -> None:
+    tensor, weight = _q4_1_weight(96, 128, seed=rows)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    linear = int4_linear(packed, scale, offset, DenseLinear(weight.t().contiguous()))
+    x = torch.randn(rows + 5, 128)
+    expected = x @ weight.t()
+    decode = linear.mm(x, decode_rows=rows)
+    assert _relative_error(decode[:rows], expected[:rows]) < 1e-2  # bf16 activations, scales, outputs
+    assert torch.equal(decode[rows:], x[rows:] @ weight.t().contiguous())
+    residual = torch.randn(rows + 5, 96)
+    into = residual.clone()
+    linear.addmm_(into, x, decode_rows=rows)
+    torch.testing.assert_close(into[rows:], residual[rows:] + expected[rows:], rtol=1e-5, atol=1e-5)
+    assert _relative_error(into[:rows] - residual[:rows], expected[:rows]) < 1e-2
+    assert torch.equal(linear.mm(x), x @ weight.t().contiguous())  # no decode rows: exact
+
+
+def test_int4_rows_do_not_depend_on_what_shares_the_call() -> None:
+    tensor, weight = _q4_1_weight(64, 96, seed=5)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    linear = int4_linear(packed, scale, offset, DenseLinear(weight.t().contiguous()))
+    x = torch.randn(17, 96)
+    together = linear.mm(x, decode_rows=17)
+    for row in (0, 4, 16):
+        assert torch.equal(linear.mm(x[row : row + 1], decode_rows=1)[0], together[row])
+
+
+def test_int8_head_is_close_and_looks_tokens_up_exactly() -> None:
+    values = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32) * 0.05
+    qs, scale = _q8_0_parts(_gguf_tensor(values, GGMLQuantizationType.Q8_0))  # type: ignore[arg-type]
+    weight = dequantize_q8_0(qs, scale)
+    head = int8_head(weight, q8=(qs, scale))
+    x = torch.randn(5, 96)
+    assert _relative_error(head.mm(x), x @ weight.t()) < 1e-2
+    ids = torch.tensor([7, 0, 63])
+    assert torch.equal(head.rows(ids), weight[ids])
+    with pytest.raises(ValueError, match="token lookups"):
+        int8_head(weight)
+
+
+@pytest.fixture(scope="module")
+def stock() -> LoadedModel:
+    return load_model(STOCK)
+
+
+@pytest.fixture(scope="module")
+def stock_engine(stock: LoadedModel) -> Iterator[LocalEngine]:
+    engine = LocalEngine(STOCK, model=stock)
+    engine.start_sync()
+    yield engine
+    engine.close_sync()
+
+
+@pytest.mark.slow
+def test_layers_and_head_take_torchs_packed_kernels(stock: LoadedModel) -> None:
+    assert not stock.model.attends_in_kernel
+    for layer in stock.model.layers:
+        for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            assert isinstance(linear, Int4Linear)
+    assert isinstance(stock.model.lm_head, Int8Head)
+
+
+@pytest.mark.slow
+async def test_chat_still_says_paris(stock_engine: LocalEngine) -> None:
+    answer = await stock_engine.complete(chat("What is the capital of France?", temperature=0))
+    assert "Paris" in answer.body.decode()
+
+
+@pytest.mark.slow
+def test_batched_and_mixed_steps_give_the_single_answers(
+    stock_engine: LocalEngine, stock: LoadedModel
+) -> None:
+    """Decode rows take int4 products and prompt rows exact ones whatever shares the step: four
+    prompts together (their decode rows batched, late prefills beside earlier decodes) answer as
+    each alone."""
+    prompts = [
+        chat_ids(stock, "What do radix trees store?"),
+        stock.tokenizer.encode("Eviction removes"),
+        chat_ids(stock, "Name one use."),
+        stock.tokenizer.encode("A lookup walks from the root"),
+    ]
+    alone = [run(stock_engine, [p])[0].token_ids for p in prompts]
+    assert [g.token_ids for g in run(stock_engine, prompts)] == alone
+
+
+def test_decode_weights_is_checked() -> None:
+    with pytest.raises(ValueError, match="decode_weights"):
+        replace(TEST_CONFIG, decode_weights="int2").validate()  # type: ignore[arg-type]
