@@ -3,8 +3,8 @@ a chat stream opens with: against an upstream whose first token comes 300 ms aft
 the gateway's figure equals the upstream's own within 5 ms.
 
 On a 2-core machine shared with other test runs one request's figure can pick up a few ms of
-event-loop delay, so three requests are made: every figure must be at least the upstream's and far
-from the role chunk's (within 50 ms), and the best within 5 ms."""
+event-loop delay either way, so three requests are made: every figure must be far from the role
+chunk's (within 50 ms of the upstream's), and the closest within 5 ms."""
 
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ def test_ttft_is_the_first_content_chunk_not_the_role_chunk(
         upstream_ttft = request.first_token_sent_at - request.received_at
         assert upstream_ttft >= FIRST_TOKEN_DELAY_S
         differences.append((after_sum - before_sum) - upstream_ttft)
-    # The gateway starts its clock before sending the request, so it reads a little more, never less.
-    assert all(0 <= d < NOISE_BOUND_S for d in differences), differences
-    assert min(differences) < TOLERANCE_S, differences
+    # The upstream takes its timestamp once `drain()` returns, which in this one process (the gateway,
+    # the upstream and the client share a GIL) can come after the gateway read the chunk: a figure
+    # may read a few ms less as well as more. The role chunk would read 300 ms less.
+    assert all(abs(d) < NOISE_BOUND_S for d in differences), differences
+    assert min(abs(d) for d in differences) < TOLERANCE_S, differences
