@@ -129,7 +129,7 @@ class Pipeline:
             await gateway.cache.respond(request, call.cached, call.cache_control, headers, responder, forward)
         finally:
             gateway.active_requests -= 1
-            admission.settle(spent.tokens(admission.reserved_tokens))
+            admission.settle(spent.tokens())
         prompt, completion_tokens, cached = spent.counts(len(body) // BYTES_PER_TOKEN, params)
         gateway.ledger.record(tenant.id, params.model, prompt, completion_tokens, cached)
         metrics.tenant_usage(tenant.id, prompt, completion_tokens, cached)
@@ -144,7 +144,7 @@ class Spent:
     answered: bool = False
     usage: Usage | None = None
 
-    def tokens(self, reserved: int) -> int | None:
+    def tokens(self) -> int | None:
         """Tokens to settle a reservation with; None keeps it (answered, but no usage reported)."""
         if self.usage is not None:
             return self.usage.total_tokens

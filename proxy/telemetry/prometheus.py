@@ -246,6 +246,7 @@ class GatewayMetrics:
     tenant_refused: Counter
     """Requests a tenant's limits refused, by reason (`rate_limit_exceeded`, `insufficient_quota`)."""
     _request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = field(default_factory=dict)
+    _tenant_series: dict[str, tuple[Counter, Counter, Counter, Counter]] = field(default_factory=dict)
     _upstream_series: dict[tuple[str, str, str], UpstreamSeries] = field(default_factory=dict)
 
     def count_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -309,9 +310,19 @@ class GatewayMetrics:
 
     def tenant_usage(self, tenant: str, prompt: int, completion: int, cached: int) -> None:
         """One served request of `tenant` and its tokens."""
-        self.tenant_requests.labels(tenant).inc()
-        for kind, count in (("prompt", prompt), ("completion", completion), ("cached", cached)):
-            self.tenant_tokens.labels(tenant, kind).inc(count)
+        series = self._tenant_series.get(tenant)
+        if series is None:
+            tokens = self.tenant_tokens
+            series = self._tenant_series[tenant] = (
+                self.tenant_requests.labels(tenant),
+                tokens.labels(tenant, "prompt"),
+                tokens.labels(tenant, "completion"),
+                tokens.labels(tenant, "cached"),
+            )
+        series[0].inc()
+        series[1].inc(prompt)
+        series[2].inc(completion)
+        series[3].inc(cached)
 
     def tenant_known(self, tenant: str) -> None:
         """Start a configured tenant's series at zero, so dashboards and alerts see them at once."""
