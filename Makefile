@@ -50,7 +50,7 @@ openapi: $(STAMP)
 
 # The gRPC front door's messages and service stubs from proxy/grpc/protocol/grpc_service.proto (committed).
 grpc-stubs: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		proxy/grpc/protocol/grpc_service.proto
 
 clean:

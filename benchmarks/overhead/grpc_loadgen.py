@@ -19,8 +19,8 @@ import time
 import grpc
 
 from benchmarks.overhead.loadgen import ANSWER_TIMEOUT_S, DEFAULT_MODEL, PROMPT, percentiles
+from proxy.grpc.methods import unary_call
 from proxy.grpc.protocol import grpc_service_pb2 as pb
-from proxy.grpc.protocol import grpc_service_pb2_grpc as pb_grpc
 
 
 def infer_request(model: str) -> pb.ModelInferRequest:
@@ -46,14 +46,14 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     lags: list[float] = []
     errors = 0
     async with grpc.aio.insecure_channel(f"{args.host}:{args.port}") as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        await stub.ServerLive(pb.ServerLiveRequest())  # connected before the clock starts
+        server_live, model_infer = unary_call(channel, "ServerLive"), unary_call(channel, "ModelInfer")
+        await server_live(pb.ServerLiveRequest())  # connected before the clock starts
 
         async def call(due: float, measured: bool) -> None:
             nonlocal errors
             sent = time.perf_counter()
             try:
-                await stub.ModelInfer(request, metadata=metadata, timeout=ANSWER_TIMEOUT_S)
+                await model_infer(request, metadata=metadata, timeout=ANSWER_TIMEOUT_S)
             except grpc.aio.AioRpcError:
                 errors += measured
                 return

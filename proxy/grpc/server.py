@@ -22,8 +22,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proxy.gateway import Gateway
+from proxy.grpc.methods import inference_handler
 from proxy.grpc.protocol import grpc_service_pb2 as pb
-from proxy.grpc.protocol import grpc_service_pb2_grpc as pb_grpc
 from proxy.grpc.servicer import InferenceServicer
 from proxy.grpc.tracing import SERVICE
 from proxy.pipeline import Pipeline
@@ -52,7 +52,7 @@ class GrpcFrontDoor:
             ("grpc.so_reuseport", 0),  # a second gateway on the same port must fail, not share it
         ]
         self._server: Any = grpc.aio.server(options=options)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway, pipeline), self._server)
+        self._server.add_generic_rpc_handlers((inference_handler(InferenceServicer(gateway, pipeline)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         services = (
             pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
