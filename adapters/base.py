@@ -15,6 +15,17 @@ from adapters.schema import GenerationRequest, Operation, Usage
 
 
 @dataclass(slots=True)
+class RouteHint:
+    """A front door's say in where a request runs, and where it ran."""
+
+    prefer_worker: str | None = None
+    """A worker to keep the request on while its load allows (the one that served the previous
+    turn of a conversation holds its KV)."""
+    served_by: str | None = None
+    """The worker the last attempt was sent to, set by the forwarder."""
+
+
+@dataclass(slots=True)
 class EngineRequest:
     """One generation request as it crosses from the proxy into an adapter."""
 
@@ -31,6 +42,8 @@ class EngineRequest:
     """W3C trace-context headers to propagate upstream (`traceparent`, `tracestate`)."""
     prompt_token_ids: list[int] | None = None
     """Token ids of the (chat-templated) prompt when the gateway has tokenized it."""
+    route: RouteHint | None = None
+    """The front door's routing hint (None: the policy alone decides)."""
 
     @property
     def model(self) -> str:

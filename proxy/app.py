@@ -20,6 +20,9 @@ from proxy.gateway import Gateway
 from proxy.keys import KeyStore
 from proxy.ledger import UsageLedger
 from proxy.pipeline import Pipeline
+from proxy.responses.config import RESPONSES_FILE
+from proxy.responses.routes import responses_handlers
+from proxy.responses.store import ResponseStore
 from proxy.routes import route_handlers
 from proxy.routes.keys import keys_router
 from proxy.routing.admin import admin_router, allowed_hosts
@@ -42,6 +45,7 @@ def create_app(
     cache = CacheLayer.from_settings(settings, telemetry.prometheus, router, tracer=telemetry.tracer)
     ledger = UsageLedger(ledger_path(settings))
     keys = KeyStore(ledger_path(settings))
+    responses = ResponseStore(responses_path(settings), settings.responses.ttl_s)
     gateway = Gateway(
         settings,
         router,
@@ -70,12 +74,14 @@ def create_app(
             await gateway.limiter.aclose()
             await asyncio.to_thread(ledger.close)
             keys.close()
+            responses.close()
             await telemetry.shutdown()
 
     app = Litestar(
         route_handlers=[
             *route_handlers(gateway, pipeline),
             *cached_handlers(pipeline, max_body),
+            *responses_handlers(gateway, pipeline, responses, max_body),
             *admin_handlers(gateway, cache),
             telemetry.metrics_handler,
             keys_router(gateway),
@@ -114,6 +120,13 @@ def ledger_path(settings: Settings) -> Path | None:
     if settings.auth.ledger_path is not None:
         return Path(settings.auth.ledger_path)
     return Path(settings.cache.dir) / LEDGER_FILE if settings.cache.dir is not None else None
+
+
+def responses_path(settings: Settings) -> Path | None:
+    """`responses.path`, else `responses.sqlite3` in `cache.dir`, else None (in memory)."""
+    if settings.responses.path is not None:
+        return Path(settings.responses.path)
+    return Path(settings.cache.dir) / RESPONSES_FILE if settings.cache.dir is not None else None
 
 
 @asynccontextmanager

@@ -216,6 +216,8 @@ class Forwarder:
         op = self._telemetry.start_operation(request, lease.engine)
         op.request_started = started  # the server-side timings count retries and their backoff
         request.trace_headers = op.trace_headers
+        if request.route is not None:
+            request.route.served_by = lease.worker_id
         return lease, op
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import Completion, EngineRequest
+from adapters.base import Completion, EngineRequest, RouteHint
 from adapters.cache_salt import without_client_salt
 from adapters.errors import EngineError
 from adapters.json_body import with_field
@@ -73,6 +73,8 @@ class GenerationCall:
     """The caller's `Cache-Control` directives (`no-store`, `no-cache`)."""
     cached: CachedCall | None = None
     """The `/v1/cached/*` options, and where the cache step reports what it did; None elsewhere."""
+    route: RouteHint | None = None
+    """A routing hint (`/v1/responses` continuations), and where the request was served."""
 
 
 class Pipeline:
@@ -107,6 +109,7 @@ class Pipeline:
             request_id(call.client_request_id),
             tenant.id,
             tenant.cache_salt,
+            route=call.route,
         )
         headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode()), *admission.headers]
         spent = Spent()

@@ -22,6 +22,7 @@ from proxy.cache.settings import (
     SpeculativeSettings,
 )
 from proxy.http_protocol import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES
+from proxy.responses.config import ResponsesSettings
 from proxy.routing.config import PositiveInt, RoutingSettings, Seconds, WorkerSpec
 from proxy.telemetry.config import TelemetrySettings
 from proxy.tenancy import TenantLimits
@@ -130,6 +131,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     speculative: SpeculativeSettings = msgspec.field(default_factory=SpeculativeSettings)
     sliding_window: SlidingWindowSettings = msgspec.field(default_factory=SlidingWindowSettings)
     monitoring: MonitoringSettings = msgspec.field(default_factory=MonitoringSettings)
+    responses: ResponsesSettings = msgspec.field(default_factory=ResponsesSettings)
+    """`/v1/responses`: stored responses and their time to live."""
 
 
 SECRET_KEYS = frozenset({"api_key", "cache_salt_secret"})

@@ -92,10 +92,12 @@ async def answer(
     receive: Receive,
     send: Send,
     wrap: Callable[[Responder], Responder] | None = None,
+    responder_for: Callable[[Send, Callable[[], None]], Responder] = AsgiResponder,
 ) -> None:
-    """Run `call` through the pipeline with a disconnect watch; `wrap` decorates the responder."""
+    """Run `call` through the pipeline with a disconnect watch; `wrap` decorates the responder, which
+    `responder_for(send, before_last)` makes (the chat wire's by default)."""
     watch = DisconnectWatch(receive)
-    responder: Responder = AsgiResponder(send, watch.disarm)
+    responder: Responder = responder_for(send, watch.disarm)
     if wrap is not None:
         responder = wrap(responder)
     watch.arm()

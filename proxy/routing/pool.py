@@ -24,6 +24,7 @@ from adapters.engine_metrics import FlushesCache, LoadsInProcess
 from adapters.errors import EngineOverloaded
 from adapters.schema import Usage
 from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
+from proxy.routing.affinity import AFFINITY_REASON, preferred_worker
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
 from proxy.routing.observe import RoutingObserver
@@ -173,7 +174,11 @@ class WorkerPool:
             context = RoutingContext(
                 tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
             )
-            decision = self.policy.choose(candidates, context)
+            kept = preferred_worker(request, candidates, self.settings.cache_aware)
+            if kept is not None:
+                decision = Decision(worker=kept, match_tokens=kept.match(tokens), reason=AFFINITY_REASON)
+            else:
+                decision = self.policy.choose(candidates, context)
         worker = decision.worker
         if tokens:
             uncached = len(tokens) - decision.match_tokens

@@ -1,0 +1,43 @@
+"""Conversation affinity: a turn goes to the worker that served the previous one, while its load allows.
+
+A front door that knows where a conversation's KV lives (`/v1/responses` with `previous_response_id`)
+names that worker in `EngineRequest.route.prefer_worker`. The pool keeps the request there unless
+that worker is unavailable or out of balance by the same guards the cache_aware policy applies to
+every candidate (`imbalance_abs_tokens` and `imbalance_rel` on queued work, `balance_abs_requests`
+and `balance_rel` on in-flight requests); then the policy chooses as usual. Unlike the routing tree's
+prediction, the hint holds however long the history, whatever was evicted from the tree, and under
+any policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from adapters.base import EngineRequest
+from proxy.routing.config import CacheAwareSettings
+from proxy.routing.worker import Worker
+
+AFFINITY_REASON = "previous_turn"
+"""The routing decision's reason when the hint was followed."""
+
+
+def preferred_worker(
+    request: EngineRequest, candidates: Sequence[Worker], settings: CacheAwareSettings
+) -> Worker | None:
+    """The hinted worker when it is a candidate and its load allows; None: let the policy choose."""
+    wanted = request.route.prefer_worker if request.route is not None else None
+    if wanted is None:
+        return None
+    worker = next((w for w in candidates if w.id == wanted), None)
+    if worker is None:
+        return None
+    min_work = min(w.queued_work for w in candidates)
+    if worker.queued_work - min_work > settings.imbalance_abs_tokens and (
+        worker.queued_work > settings.imbalance_rel * min_work
+    ):
+        return None
+    busy = worker.in_flight / worker.weight
+    min_busy = min(w.in_flight / w.weight for w in candidates)
+    if busy - min_busy > settings.balance_abs_requests and busy > settings.balance_rel * min_busy:
+        return None
+    return worker
