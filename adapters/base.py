@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from adapters.schema import GenerationRequest, Operation, Usage
+from adapters.schema import Operation, RequestParams, Usage
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class EngineRequest:
     """One generation request as it crosses from the proxy into an adapter."""
 
     operation: Operation
-    params: GenerationRequest
+    params: RequestParams
     """The fields radixgate understands, decoded and validated."""
     raw_body: bytes
     """Exactly what the client sent; unknown fields reach OpenAI-compatible upstreams from here."""
@@ -67,6 +67,8 @@ class Completion:
     choices: int | None = None
     """How many choices the body holds, when the adapter counted them: the response cache then knows
     a body is complete (every choice finished) without decoding it again."""
+    whole: bool = False
+    """True when the body is complete by its kind (embeddings: no choices to finish)."""
 
 
 @runtime_checkable

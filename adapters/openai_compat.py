@@ -34,7 +34,7 @@ from adapters.sse import DONE, SSEDecoder, SSEEvent
 from adapters.upstream_client import UpstreamClient, body_chunks
 from adapters.upstream_client import UpstreamClientConfig as UpstreamClientConfig  # its historic home
 
-_PATHS = {"chat": "chat/completions", "text_completion": "completions"}
+_PATHS = {"chat": "chat/completions", "text_completion": "completions", "embeddings": "embeddings"}
 _ERROR_SNIPPET_CHARS = 300
 
 
@@ -92,7 +92,9 @@ class OpenAICompatEngine:
             ) from exc
         if probe.error is not None:
             raise _in_band_error(probe.error)
-        return _completion(body, probe)
+        completion = _completion(body, probe)
+        completion.whole = request.operation == "embeddings"
+        return completion
 
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
         """POST the raw body and yield each SSE `data` payload; closing the iterator closes the

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-Operation = Literal["chat", "text_completion"]
-"""`gen_ai.operation.name` of the two generation endpoints."""
+Operation = Literal["chat", "text_completion", "embeddings"]
+"""`gen_ai.operation.name` of the endpoints the pipeline serves."""
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 """The chat roles of the OpenAI API; any other is a 400 naming `messages[i].role`."""
 
@@ -99,7 +99,23 @@ class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
         return self.max_tokens
 
 
+class EmbeddingRequest(SamplingFields, kw_only=True, omit_defaults=True):
+    """`POST /v1/embeddings`. It shares the sampling fields' Struct so the request path reads every
+    request alike; an embeddings request that asks to stream is refused by the pipeline."""
+
+    input: str | list[str | int | list[int]]
+    """A string, strings, token ids, or lists of token ids, as for completions' `prompt`."""
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: TokenCount | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return None
+
+
 GenerationRequest = ChatCompletionRequest | CompletionRequest
+RequestParams = GenerationRequest | EmbeddingRequest
+"""What the pipeline decodes of any request it serves."""
 
 
 # ---- responses -------------------------------------------------------------

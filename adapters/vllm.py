@@ -129,6 +129,6 @@ class _TokenizeAnswer(msgspec.Struct):
 
 
 def _salted(request: EngineRequest) -> EngineRequest:
-    if not request.cache_salt:
+    if not request.cache_salt or request.operation == "embeddings":  # no prefix KV to isolate
         return request
     return dataclasses.replace(request, raw_body=with_cache_salt(request.raw_body, request.cache_salt))

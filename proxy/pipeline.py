@@ -37,7 +37,14 @@ from adapters.base import Completion, EngineRequest, RouteHint
 from adapters.cache_salt import without_client_salt
 from adapters.errors import EngineError
 from adapters.json_body import with_field
-from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, Operation, Usage
+from adapters.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    Operation,
+    RequestParams,
+    Usage,
+)
 from proxy.auth import Tenant
 from proxy.cache.step import CachedCall
 from proxy.errors import ApiError, error_reply
@@ -55,6 +62,7 @@ MAX_CLIENT_REQUEST_ID = 128
 _decoders: dict[Operation, msgspec.json.Decoder[Any]] = {
     "chat": msgspec.json.Decoder(ChatCompletionRequest, strict=False),
     "text_completion": msgspec.json.Decoder(CompletionRequest, strict=False),
+    "embeddings": msgspec.json.Decoder(EmbeddingRequest, strict=False),
 }
 
 
@@ -153,7 +161,7 @@ class Spent:
             return self.usage.total_tokens
         return None if self.answered else 0
 
-    def counts(self, prompt_estimate: int, params: GenerationRequest) -> tuple[int, int, int]:
+    def counts(self, prompt_estimate: int, params: RequestParams) -> tuple[int, int, int]:
         """(prompt, completion, cached) tokens for the ledger; estimated like the reservation when
         the engine reported no usage (a stream without `include_usage`), so none goes unbilled."""
         if not self.forwarded:
@@ -163,7 +171,7 @@ class Spent:
         return prompt_estimate, (params.token_limit or 0) * params.n, 0
 
 
-def admit(gateway: Gateway, tenant: Tenant, params: GenerationRequest, body: bytes) -> bytes:
+def admit(gateway: Gateway, tenant: Tenant, params: RequestParams, body: bytes) -> bytes:
     """Refuse what this tenant may not ask for; the body to forward, with the default token cap set
     on a request that names none (`limits.default_max_tokens`)."""
     if not gateway.router.has_model(params.model):
@@ -171,7 +179,7 @@ def admit(gateway: Gateway, tenant: Tenant, params: GenerationRequest, body: byt
     limits = gateway.settings.limits
     asked = params.token_limit
     if asked is None:
-        if not limits.default_max_tokens:
+        if not limits.default_max_tokens or isinstance(params, EmbeddingRequest):
             return body
         params.max_tokens = limits.default_max_tokens
         return with_field(body, "max_tokens", limits.default_max_tokens)
@@ -205,7 +213,7 @@ async def relay(responder: Responder, stream: UpstreamStream, headers: Headers) 
     await responder.end_stream()
 
 
-def decode_body(operation: Operation, body: bytes) -> tuple[GenerationRequest, bytes]:
+def decode_body(operation: Operation, body: bytes) -> tuple[RequestParams, bytes]:
     """The decoded fields, and the body to forward: without any cache salt the client sent (the
     tenant's salt is the gateway's to set, on every engine)."""
     params = decode_request(operation, body)
@@ -215,19 +223,31 @@ def decode_body(operation: Operation, body: bytes) -> tuple[GenerationRequest, b
     return params, body
 
 
-def decode_request(operation: Operation, body: bytes) -> GenerationRequest:
+def decode_request(operation: Operation, body: bytes) -> RequestParams:
     """The fields radixgate reads; 400 with `param` naming the offending field."""
     if not body:
         raise ApiError(400, "The request body is empty; send a JSON object.", code="invalid_json")
     try:
-        params: GenerationRequest = _decoders[operation].decode(body)
+        params: RequestParams = _decoders[operation].decode(body)
     except msgspec.ValidationError as exc:
         raise ApiError.invalid_body(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError.invalid_json(str(exc)) from None
     except RecursionError:
         raise ApiError.invalid_json("it is nested too deeply") from None
+    if isinstance(params, EmbeddingRequest):
+        check_embedding(params)
     return params
+
+
+def check_embedding(params: EmbeddingRequest) -> None:
+    """What the Struct cannot say: embeddings do not stream, and their input is not empty."""
+    if params.stream:
+        raise ApiError(
+            400, "Invalid request: embeddings cannot be streamed.", param="stream", code="invalid_value"
+        )
+    if not params.input:
+        raise ApiError(400, "Invalid request: `input` is empty.", param="input", code="invalid_value")
 
 
 def request_id(client_value: bytes | None) -> str:

@@ -31,7 +31,7 @@ from typing import Annotated, Protocol
 
 import msgspec
 
-from adapters.schema import GenerationRequest
+from adapters.schema import RequestParams
 from proxy.errors import ApiError
 from proxy.ledger import BudgetPeriod, UsageLedger
 
@@ -92,7 +92,7 @@ class Limiter(Protocol):
 
     def limits(self, tenant_id: str) -> TenantLimits | None: ...
 
-    async def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission: ...
+    async def admit(self, tenant_id: str, params: RequestParams, body_bytes: int) -> Admission: ...
 
     async def budget_used(self, tenant_id: str) -> int: ...
 
@@ -138,7 +138,7 @@ class TenantLimiter:
     def limits(self, tenant_id: str) -> TenantLimits | None:
         return self._limits.get(tenant_id)
 
-    async def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
+    async def admit(self, tenant_id: str, params: RequestParams, body_bytes: int) -> Admission:
         """Take one request and its tokens from the tenant's limits, or raise the 404/429 to answer."""
         return self.admit_now(tenant_id, params, body_bytes)
 
@@ -152,7 +152,7 @@ class TenantLimiter:
             return 0
         return self._ledger.totals(tenant_id, limits.budget_period).total_tokens
 
-    def admit_now(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
+    def admit_now(self, tenant_id: str, params: RequestParams, body_bytes: int) -> Admission:
         """`admit`, without waiting on anything (the in-process limits)."""
         limits = self._limits.get(tenant_id)
         if limits is None:
@@ -215,12 +215,12 @@ class TenantLimiter:
         return rate_headers(levels)
 
 
-def reservation(params: GenerationRequest, body_bytes: int) -> int:
+def reservation(params: RequestParams, body_bytes: int) -> int:
     """Tokens a request reserves: its prompt, estimated from the body, and its most output."""
     return body_bytes // BYTES_PER_TOKEN + (params.token_limit or 0) * params.n
 
 
-def check_model(limits: TenantLimits, params: GenerationRequest) -> None:
+def check_model(limits: TenantLimits, params: RequestParams) -> None:
     if limits.models and params.model not in limits.models:
         raise ApiError.model_not_found(params.model)
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from adapters.schema import GenerationRequest
+from adapters.schema import RequestParams
 from proxy.ledger import period_key
 from proxy.tenancy import (
     Admission,
@@ -135,7 +135,7 @@ class RedisLimiter:
     def limits(self, tenant_id: str) -> TenantLimits | None:
         return self._limits.get(tenant_id)
 
-    async def admit(self, tenant_id: str, params: GenerationRequest, body_bytes: int) -> Admission:
+    async def admit(self, tenant_id: str, params: RequestParams, body_bytes: int) -> Admission:
         limits = self._limits.get(tenant_id)
         if limits is None:
             return Admission(None, tenant_id, 0)

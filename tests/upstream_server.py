@@ -1,8 +1,8 @@
 """A real OpenAI-compatible HTTP server on loopback, for tests of everything in front of an upstream.
 
 It speaks HTTP/1.1 (h11) on its own event loop in a thread, answers `/v1/chat/completions`,
-`/v1/completions` (JSON or SSE, `n`, `max_tokens`, `stream_options.include_usage`, `tools`)
-and `/v1/models`, records every request byte for byte, notices when a client closes the
+`/v1/completions` (JSON or SSE, `n`, `max_tokens`, `stream_options.include_usage`, `tools`),
+`/v1/embeddings` (vectors derived from each input's SHA-256, `float` or `base64`) and `/v1/models`, records every request byte for byte, notices when a client closes the
 connection before the answer is complete, and injects faults scripted per request:
 
     upstream.faults.append(Fault(status=429))            # the next request gets a 429
@@ -12,6 +12,8 @@ connection before the answer is complete, and injects faults scripted per reques
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import collections
 import itertools
 import json
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h11
+import numpy as np
 
 REPLY_WORDS = ("Hello", " from", " the", " test", " upstream", ".")
 """The answer every choice gets (one token per word), cut short by `max_tokens`."""
@@ -177,6 +180,9 @@ class UpstreamServer:
             await _send_json(
                 conn, writer, 400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}}
             )
+            return True
+        if request.path.endswith("/embeddings"):
+            await _send_json(conn, writer, 200, _embeddings(body))
             return True
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
@@ -350,3 +356,33 @@ def _chunks(body: dict[str, Any], chat: bool, number: int) -> list[dict[str, Any
     if include_usage:
         chunks.append({**base, "choices": [], "usage": _usage(body, len(words) * n)})
     return chunks
+
+
+EMBEDDING_DIMENSIONS = 8
+"""Length of every vector the server returns (unless the request asks for `dimensions`)."""
+
+
+def embedding_of(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:
+    """The vector the server returns for `text`: float32 values from its SHA-256, in [-1, 1)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    values = np.frombuffer((digest * (1 + dimensions // 32))[:dimensions], dtype=np.uint8)
+    return [float(v) for v in (values.astype(np.float32) / 128.0 - 1.0)]
+
+
+def _embeddings(body: dict[str, Any]) -> dict[str, Any]:
+    inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
+    data = []
+    for index, item in enumerate(inputs):
+        vector = embedding_of(json.dumps(item) if not isinstance(item, str) else item, dimensions)
+        encoded: Any = vector
+        if body.get("encoding_format") == "base64":
+            encoded = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    tokens = sum(len(str(item).split()) for item in inputs)
+    return {
+        "object": "list",
+        "data": data,
+        "model": body["model"],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

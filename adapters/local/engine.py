@@ -38,7 +38,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
-from adapters.schema import GenerationRequest
+from adapters.schema import EmbeddingRequest, GenerationRequest
 
 
 @dataclass(slots=True)
@@ -299,8 +299,15 @@ class LocalEngine:
         return self._loaded
 
     def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
-        loaded = self._require()
         params = request.params
+        if isinstance(params, EmbeddingRequest):
+            raise InvalidRequest(
+                f"The model `{self.model_id}` does not create embeddings: the embedded engine ships no "
+                "embedding model. Configure a worker that serves one (`[[workers]]`).",
+                param="model",
+                code="model_not_supported",
+            )
+        loaded = self._require()
         prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
         options = params.stream_options
         writer = ResponseWriter(

@@ -23,6 +23,8 @@ def stored_response(answer: Recorder | Completion) -> StoredResponse | None:
     if isinstance(answer, Recorder):
         return answer.response()
     counted, finished, usage = answer.choices, answer.finish_reasons, answer.usage
+    if answer.whole:
+        return StoredResponse.json_body(answer.body, usage.prompt_tokens if usage else 0)
     if counted is None:  # the adapter did not count its choices: read them from the body
         tokens = complete_answer([answer.body])
         return None if tokens is None else StoredResponse.json_body(answer.body, *tokens)

@@ -308,7 +308,8 @@ class ResponseCacheStep:
         if self.cache is None or (call is not None and not call.enable_caching):
             return None
         params = request.params
-        if (call is None or call.label is None) and not is_deterministic(params.temperature, params.seed):
+        deterministic = request.operation == "embeddings" or is_deterministic(params.temperature, params.seed)
+        if (call is None or call.label is None) and not deterministic:
             return None
         if cache_control is None:
             return True

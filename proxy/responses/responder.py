@@ -131,12 +131,15 @@ class ResponsesResponder:
         text = "".join(self._text) if self._message_id is not None else None
         if self._message_id is not None:
             done = {"item_id": self._message_id, "output_index": self._message_index, "content_index": 0}
-            part = {"type": "output_text", "text": text, "annotations": []}
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
             await self._event("response.output_text.done", {**done, "text": text, "logprobs": []})
             await self._event("response.content_part.done", {**done, "part": part})
             await self._event(
                 "response.output_item.done",
-                {"output_index": self._message_index, "item": message_item(self._message_id, text, "completed")},
+                {
+                    "output_index": self._message_index,
+                    "item": message_item(self._message_id, text, "completed"),
+                },
             )
         for call in self._calls.values():
             await self._event(
@@ -187,7 +190,9 @@ class ResponsesResponder:
         call = self._calls.get(index)
         if call is None:
             name = (function.name if function is not None else None) or ""
-            call = self._calls[index] = _OpenCall(new_id("fc"), call_id or new_id("call"), name, self._outputs)
+            call = self._calls[index] = _OpenCall(
+                new_id("fc"), call_id or new_id("call"), name, self._outputs
+            )
             self._outputs += 1
             item = function_call_item(call.item_id, call.call_id, call.name, "", "in_progress")
             await self._event("response.output_item.added", {"output_index": call.output_index, "item": item})
@@ -204,13 +209,17 @@ class ResponsesResponder:
         if self._message_id is not None:
             items.append((self._message_index, message_item(self._message_id, "".join(self._text), status)))
         for c in self._calls.values():
-            items.append((c.output_index, function_call_item(c.item_id, c.call_id, c.name, c.arguments, status)))
+            items.append(
+                (c.output_index, function_call_item(c.item_id, c.call_id, c.name, c.arguments, status))
+            )
         return [item for _, item in sorted(items, key=lambda pair: pair[0])]
 
     async def _keep(self, response: dict[str, Any], text: str | None, calls: list[Call]) -> None:
         turn = self._turn
         if turn.request.store:
-            await asyncio.to_thread(self._store.put, turn.tenant_id, turn.id, turn.stored(response, text, calls))
+            await asyncio.to_thread(
+                self._store.put, turn.tenant_id, turn.id, turn.stored(response, text, calls)
+            )
 
     async def _event(self, kind: str, fields: dict[str, Any], *, last: bool = False) -> None:
         payload = _encoder.encode({"type": kind, "sequence_number": self._sequence, **fields})

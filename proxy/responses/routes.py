@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, delete, get
 from litestar.handlers import ASGIRouteHandler, HTTPRouteHandler, asgi
+from litestar.params import FromPath
 
 from adapters.base import RouteHint
 from proxy.asgi_types import Receive, Scope, Send
@@ -91,7 +92,7 @@ def responses_handlers(
     guards = [tenant_guard(gateway.auth)]
 
     @get(RESPONSE_PATH, guards=guards, name="get_response")
-    async def get_response(request: Request[Any, Any, Any], response_id: str) -> Response[bytes]:
+    async def get_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         tenant: Tenant = request.state.tenant  # set by the guard
         stored = await asyncio.to_thread(store.get, tenant.id, response_id)
         if stored is None:
@@ -99,7 +100,7 @@ def responses_handlers(
         return Response(stored.response, media_type=JSON)
 
     @delete(RESPONSE_PATH, guards=guards, name="delete_response", status_code=200)
-    async def delete_response(request: Request[Any, Any, Any], response_id: str) -> Response[bytes]:
+    async def delete_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         tenant: Tenant = request.state.tenant
         if not await asyncio.to_thread(store.delete, tenant.id, response_id):
             raise not_found(response_id)

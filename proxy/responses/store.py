@@ -1,11 +1,12 @@
 """Stored responses (`store: true`): the response object, its conversation and its worker, per tenant.
 
 One SQLite table (stdlib `sqlite3`, WAL like the usage ledger) in `responses.path`, else
-`responses.sqlite3` beside the ledger in `cache.dir`, else in memory. A row holds what `GET /v1/responses/{id}` answers, the chat
-messages of the whole conversation up to and including this response's output (what a follow-up
-with `previous_response_id` continues from), and the worker that served it (the routing hint of that
-follow-up). Rows live `responses.ttl_s` seconds; an expired row reads as absent and is deleted by
-the next write. Every read and delete is keyed by (tenant, id), so another tenant's id is unknown.
+`responses.sqlite3` beside the ledger in `cache.dir`, else in memory. A row holds what
+`GET /v1/responses/{id}` answers, the chat messages of the whole conversation up to and including
+this response's output (what a follow-up with `previous_response_id` continues from), and the worker
+that served it (the routing hint of that follow-up). Rows live `responses.ttl_s` seconds; an expired
+row reads as absent and is deleted by a later write. Every read and delete is keyed by (tenant, id),
+so another tenant's id is unknown.
 
 Calls block on SQLite; the routes run them in a worker thread.
 """

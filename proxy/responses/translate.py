@@ -41,7 +41,10 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
             call = {
                 "id": _text(item, "call_id", where),
                 "type": "function",
-                "function": {"name": _text(item, "name", where), "arguments": _text(item, "arguments", where)},
+                "function": {
+                    "name": _text(item, "name", where),
+                    "arguments": _text(item, "arguments", where),
+                },
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "tool_call_id" not in last:
@@ -54,7 +57,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
                 output = _join_text(output, f"{where}.output") if isinstance(output, list) else None
             if output is None:
                 raise _invalid(f"{where}.output", "must be a string or a list of text parts")
-            messages.append({"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": output})
+            messages.append(
+                {"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": output}
+            )
         elif kind == "reasoning":
             continue
         else:

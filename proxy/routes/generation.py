@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`: the HTTP front door of the pipeline.
+"""`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`: the HTTP front door of the pipeline.
 
 They are Litestar ASGI handlers rather than decoded-data handlers: the body is read once (with a
 size limit) and handed as bytes to `proxy.pipeline`, which decodes it once and forwards the raw
@@ -25,6 +25,7 @@ from proxy.routes.asgi_responder import AsgiResponder
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 class ClientDisconnected(Exception):
@@ -61,7 +62,11 @@ def generation_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRou
     async def completions(scope: Scope, receive: Receive, send: Send) -> None:
         await handle("text_completion", scope, receive, send)
 
-    return [chat_completions, completions]
+    @asgi(EMBEDDINGS_PATH, name="embeddings", copy_scope=False)
+    async def embeddings(scope: Scope, receive: Receive, send: Send) -> None:
+        await handle("embeddings", scope, receive, send)
+
+    return [chat_completions, completions, embeddings]
 
 
 async def read_request(pipeline: Pipeline, scope: Scope, receive: Receive, limit: int) -> HttpRequest:

@@ -28,7 +28,7 @@ from proxy.routing.affinity import AFFINITY_REASON, preferred_worker
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
 from proxy.routing.observe import RoutingObserver
-from proxy.routing.policies import Decision, RoutingContext
+from proxy.routing.policies import Decision, LeastLoad, RoutingContext
 from proxy.routing.prompts import PromptTokens
 from proxy.routing.registry import build_policy, worker_id_of
 from proxy.routing.worker import InFlight, Worker
@@ -126,6 +126,7 @@ class WorkerPool:
         self._closing: set[asyncio.Task[None]] = set()
         self._trims: set[str] = set()  # workers whose tree trim is scheduled
         self.policy = build_policy(settings.policy, settings.cache_aware)
+        self._least_load = LeastLoad()
         self.prompts = PromptTokens(settings.tokenizers, settings.cache_aware.expected_output_tokens)
         self.observer = RoutingObserver.create(metrics, tracer, lambda: self._workers.values())
         self.health = HealthMonitor(
@@ -161,13 +162,15 @@ class WorkerPool:
         tokenizer_kind = "none"
         # A model only one worker serves leaves nothing to choose: no tokens, no tree (tokenizing and
         # tree upkeep are the largest part of a routed request's CPU).
-        if self.policy.needs_tokens and len(serving) > 1:
+        embeddings = request.operation == "embeddings"  # no prefix KV: the least loaded worker
+        policy = self._least_load if embeddings else self.policy
+        if policy.needs_tokens and len(serving) > 1:
             tokens, tokenizer_kind = await self.prompts.tokens(request, candidates)
         started = time.perf_counter()
         now = self._clock()
         for worker in candidates:
             worker.expire_prefills(now)
-        expected = self.prompts.expected_output(request)
+        expected = 0 if embeddings else self.prompts.expected_output(request)
         if len(serving) == 1:  # one worker serves the model: nothing to weigh
             decision = Decision(worker=candidates[0], reason="only")
         else:
@@ -178,7 +181,7 @@ class WorkerPool:
             if kept is not None:
                 decision = Decision(worker=kept, match_tokens=kept.match(tokens), reason=AFFINITY_REASON)
             else:
-                decision = self.policy.choose(candidates, context)
+                decision = policy.choose(candidates, context)
         worker = decision.worker
         if tokens:
             uncached = len(tokens) - decision.match_tokens
@@ -192,7 +195,7 @@ class WorkerPool:
         worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
         seconds = time.perf_counter() - started
         self.observer.decided(
-            self.policy.name, decision, candidates, len(exclude), len(tokens), tokenizer_kind, seconds
+            policy.name, decision, candidates, len(exclude), len(tokens), tokenizer_kind, seconds
         )
         return PoolLease(self, worker, charge, len(tokens), decision.match_tokens)
 
