@@ -2,8 +2,9 @@
 
 It speaks HTTP/1.1 (h11) on its own event loop in a thread, answers `/v1/chat/completions`,
 `/v1/completions` (JSON or SSE, `n`, `max_tokens`, `stream_options.include_usage`, `tools`),
-`/v1/embeddings` (vectors derived from each input's SHA-256, `float` or `base64`) and `/v1/models`, records every request byte for byte, notices when a client closes the
-connection before the answer is complete, and injects faults scripted per request:
+`/v1/embeddings` (vectors derived from each input's SHA-256, `float` or `base64`) and `/v1/models`,
+records every request byte for byte, notices when a client closes the connection before the answer
+is complete, and injects faults scripted per request:
 
     upstream.faults.append(Fault(status=429))            # the next request gets a 429
     upstream.faults.append(Fault(drop_after_chunks=2))   # ... or a connection cut mid-stream
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import collections
+import hashlib
 import itertools
 import json
 import threading

@@ -3,6 +3,7 @@ driven by the openai SDK: translation, stream events, stored conversations, tena
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 from proxy.app import create_app
 from proxy.auth import hash_key
@@ -260,3 +262,27 @@ def test_follow_ups_stay_on_their_previous_worker() -> None:
         gateway.stop()
         for upstream in upstreams:
             upstream.stop()
+
+
+def test_an_agents_sdk_agent_calls_its_tool_through_responses(served: GatewayServer) -> None:
+    """The OpenAI Agents SDK's Responses model: the test upstream always calls the first tool, the
+    agent runs it and stops there; then a follow-up run continues the stored conversation."""
+    set_tracing_disabled(True)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"Sunny in {city}"
+
+    async def run() -> tuple[str, str]:
+        async with openai.AsyncOpenAI(base_url=served.url, api_key=KEYS["alice"], max_retries=0) as client:
+            model = OpenAIResponsesModel(MODEL, client)
+            agent = Agent(
+                name="weather", model=model, tools=[get_weather], tool_use_behavior="stop_on_first_tool"
+            )
+            first = await Runner.run(agent, "Weather in Paris?")
+            plain = Agent(name="chat", model=model, instructions="Be brief.")
+            second = await Runner.run(plain, "And tomorrow?", previous_response_id=first.last_response_id)
+            return str(first.final_output), str(second.final_output)
+
+    assert asyncio.run(run()) == ("Sunny in Paris", "".join(REPLY_WORDS))

@@ -1,0 +1,40 @@
+"""Conversation affinity through the pool: a hinted turn stays on its worker until load says no."""
+
+from __future__ import annotations
+
+from adapters.base import RouteHint
+from tests.proxy.routing.conftest import chat_request, make_pool
+
+
+async def test_a_hinted_turn_goes_to_its_worker_under_any_policy() -> None:
+    pool = make_pool(4, policy="round_robin")
+    for target in ("w2", "w0", "w3", "w3"):
+        request = chat_request("system", "user")
+        request.route = RouteHint(prefer_worker=target)
+        lease = await pool.acquire(request)
+        assert lease.worker_id == target
+        assert request.route.served_by is None  # the forwarder records it, not the pool
+        lease.release(usage=None, failed=False)
+
+
+async def test_an_overloaded_worker_loses_the_turn_to_the_policy() -> None:
+    pool = make_pool(2, policy="least_load", cache_aware={"balance_abs_requests": 2, "balance_rel": 1.5})
+    home = pool.workers()[0]
+    held = []
+    for _ in range(3):  # three in flight at home, none elsewhere: beyond the balance guards
+        request = chat_request("system", "user")
+        request.route = RouteHint(prefer_worker=home.id)
+        held.append(await pool.acquire(request))
+    assert {lease.worker_id for lease in held} == {home.id}
+    request = chat_request("system", "user")
+    request.route = RouteHint(prefer_worker=home.id)
+    moved = await pool.acquire(request)
+    assert moved.worker_id != home.id
+
+
+async def test_a_hint_naming_no_candidate_is_ignored() -> None:
+    pool = make_pool(2)
+    request = chat_request("system", "user")
+    request.route = RouteHint(prefer_worker="gone")
+    lease = await pool.acquire(request)
+    assert lease.worker_id in {w.id for w in pool.workers()}
