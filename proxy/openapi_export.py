@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.schema import ChatCompletionRequest, CompletionRequest
+from adapters.schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from proxy import __version__
 from proxy.cache.admin_routes import CACHE_CLEAR_PATH, CACHE_STATS_PATH, CACHE_WARM_PATH, ClearResult
 from proxy.cache.cached_routes import CACHED_CHAT_PATH, CACHED_COMPLETIONS_PATH, CacheExtras
@@ -20,7 +20,10 @@ from proxy.cache.decorate import CacheStatsExtra, PerformanceExtra
 from proxy.cache.stats import CacheStatsResponse
 from proxy.cache.warm import WarmRequest, WarmResult
 from proxy.errors import ErrorResponse
-from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH
+from proxy.responses import openapi as responses_openapi
+from proxy.responses.routes import RESPONSES_PATH
+from proxy.responses.schema import ResponsesRequest
+from proxy.routes.generation import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
 from proxy.routes.health import HEALTH_PATH, LIVE_PATH, READY_PATH
 from proxy.routes.keys import CreatedKey, KeyList, NewKey, RevokedKey
 from proxy.routes.models import MODELS_PATH
@@ -59,6 +62,8 @@ def build_openapi() -> dict[str, Any]:
         [
             ChatCompletionRequest,
             CompletionRequest,
+            EmbeddingRequest,
+            ResponsesRequest,
             ModelList,
             HealthStatus,
             ReadyStatus,
@@ -92,6 +97,7 @@ def build_openapi() -> dict[str, Any]:
     schemas["WarmRequest"]["anyOf"] = [
         {"required": [field], "properties": {field: {"minItems": 1}}} for field in ("requests", "prompts")
     ]
+    responses_openapi.refine(schemas)
     extras = schemas["CacheExtras"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):
         plain = schemas[request]
@@ -127,6 +133,32 @@ def build_openapi() -> dict[str, Any]:
             },
             COMPLETIONS_PATH: {
                 "post": _generation("createCompletion", "Create a text completion", "CompletionRequest")
+            },
+            EMBEDDINGS_PATH: {
+                "post": {
+                    **_get(
+                        "createEmbedding",
+                        "Create embeddings (workers that serve an embedding model)",
+                        "EmbeddingList",
+                        tuple(_ERRORS),
+                    ),
+                    "security": [{"apiKey": []}, {}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("EmbeddingRequest")}},
+                    },
+                }
+            },
+            RESPONSES_PATH: {"post": _create_response()},
+            RESPONSES_PATH + "/{response_id}": {
+                "get": {
+                    **_get("getResponse", "A stored response", "Response", ("401", "404")),
+                    "parameters": [_RESPONSE_ID],
+                },
+                "delete": {
+                    **_get("deleteResponse", "Delete a stored response", "DeletedResponse", ("401", "404")),
+                    "parameters": [_RESPONSE_ID],
+                },
             },
             CACHED_CHAT_PATH: {
                 "post": _generation(
@@ -253,6 +285,27 @@ def build_openapi() -> dict[str, Any]:
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _create_response() -> dict[str, Any]:
+    operation = {
+        **_get("createResponse", "Create a model response", "Response", tuple(_ERRORS)),
+        "security": [{"apiKey": []}, {}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("ResponsesRequest")}},
+        },
+    }
+    answer = operation["responses"]["200"]
+    answer["content"]["text/event-stream"] = {"schema": dict(responses_openapi.RESPONSES_SSE)}
+    answer["links"] = {
+        name: {"operationId": target, "parameters": {"response_id": "$response.body#/id"}}
+        for name, target in (("GetResponse", "getResponse"), ("DeleteResponse", "deleteResponse"))
+    }
+    return operation
 
 
 def _ref(name: str) -> dict[str, Any]:

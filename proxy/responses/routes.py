@@ -29,6 +29,7 @@ from proxy.responses.store import ResponseStore
 from proxy.responses.translate import Message, chat_body, input_messages
 from proxy.responses.turn import Turn
 from proxy.routes.generation import ClientDisconnected, answer, read_request
+from proxy.routes.options import options_handler
 
 RESPONSES_PATH = "/v1/responses"
 RESPONSE_PATH = "/v1/responses/{response_id:str}"
@@ -107,4 +108,5 @@ def responses_handlers(
         deleted = {"id": response_id, "object": "response", "deleted": True}
         return Response(_encoder.encode(deleted), media_type=JSON)
 
-    return [create_response, get_response, delete_response]
+    # The explicit OPTIONS goes first: Litestar 2 adds its own for the first handler of a path otherwise.
+    return [options_handler(RESPONSE_PATH, ("GET", "DELETE")), create_response, get_response, delete_response]

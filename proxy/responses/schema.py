@@ -28,7 +28,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """`POST /v1/responses`."""
 
     model: str
-    input: str | Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_INPUT_ITEMS)]
+    input: str | Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: TokenCount | None = None

@@ -5,7 +5,6 @@
                                     -> `image_url`); `developer` and `system` keep their role
     function_call items             an assistant message's `tool_calls` (consecutive ones merged)
     function_call_output items      `tool` messages
-    reasoning items                 dropped (a chat model takes no reasoning input)
     instructions                    a leading `system` message (not carried into follow-ups, as at OpenAI)
     max_output_tokens               `max_tokens`
     tools / tool_choice             function tools in chat's `{"type": "function", "function": ...}` form
@@ -24,7 +23,7 @@ from proxy.responses.schema import ResponsesRequest, TextOptions
 
 Message = dict[str, Any]
 
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
@@ -33,7 +32,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
         return [{"role": "user", "content": items}]
     messages: list[Message] = []
     for index, item in enumerate(items):
-        kind = item.get("type", "message")
+        kind = _kind(item, "message")
         where = f"input[{index}]"
         if kind == "message":
             messages.append(_message(item, where))
@@ -60,8 +59,6 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
             messages.append(
                 {"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": output}
             )
-        elif kind == "reasoning":
-            continue
         else:
             raise _invalid(f"{where}.type", f"`{kind}` items cannot be translated to chat completions")
     return messages
@@ -141,11 +138,11 @@ def _message(item: dict[str, Any], where: str) -> Message:
         return {"role": role, "content": content}
     if not isinstance(content, list):
         raise _invalid(f"{where}.content", "must be a string or a list of content parts")
-    if role != "user" or all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in content):
+    if role != "user" or all(_kind(p) in _TEXT_PARTS for p in content):
         return {"role": role, "content": _join_text(content, f"{where}.content")}
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = _kind(part)
         if kind in _TEXT_PARTS:
             parts.append({"type": "text", "text": _text(part, "text", f"{where}.content[{index}]")})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
@@ -158,20 +155,18 @@ def _message(item: dict[str, Any], where: str) -> Message:
 def _join_text(parts: list[Any], where: str) -> str:
     texts = []
     for index, part in enumerate(parts):
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+        if _kind(part) not in _TEXT_PARTS:
             raise _invalid(f"{where}[{index}].type", "must be a text part here")
-        texts.append(_text(part, "refusal" if part["type"] == "refusal" else "text", f"{where}[{index}]"))
+        texts.append(_text(part, "text", f"{where}[{index}]"))
     return "".join(texts)
 
 
 def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
     where = f"tools[{index}]"
-    if tool.get("type") != "function":
+    if _kind(tool) != "function":
         raise _invalid(f"{where}.type", f"`{tool.get('type')}` tools are not served here; use `function`")
     function: dict[str, Any] = {"name": _text(tool, "name", where)}
-    for name in ("description", "parameters", "strict"):
-        if tool.get(name) is not None:
-            function[name] = tool[name]
+    _copy_optional(tool, function, where, {"description": str, "parameters": dict, "strict": bool})
     return {"type": "function", "function": function}
 
 
@@ -180,7 +175,7 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
         if choice not in ("auto", "none", "required"):
             raise _invalid("tool_choice", "must be `auto`, `none`, `required` or a function")
         return choice
-    if choice.get("type") != "function":
+    if _kind(choice) != "function":
         raise _invalid("tool_choice.type", "only `function` tool choices are served here")
     return {"type": "function", "function": {"name": _text(choice, "name", "tool_choice")}}
 
@@ -188,7 +183,7 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
 def _response_format(text: TextOptions | None) -> dict[str, Any] | None:
     if text is None or text.format is None:
         return None
-    kind = text.format.get("type")
+    kind = _kind(text.format)
     if kind == "text":
         return None
     if kind == "json_object":
@@ -197,11 +192,33 @@ def _response_format(text: TextOptions | None) -> dict[str, Any] | None:
         schema = {"name": _text(text.format, "name", "text.format"), "schema": text.format.get("schema")}
         if not isinstance(schema["schema"], dict):
             raise _invalid("text.format.schema", "must be a JSON Schema object")
-        for name in ("description", "strict"):
-            if text.format.get(name) is not None:
-                schema[name] = text.format[name]
+        _copy_optional(text.format, schema, "text.format", {"description": str, "strict": bool})
         return {"type": "json_schema", "json_schema": schema}
     raise _invalid("text.format.type", "must be `text`, `json_object` or `json_schema`")
+
+
+def _copy_optional(
+    source: dict[str, Any], target: dict[str, Any], where: str, kinds: dict[str, type]
+) -> None:
+    """Copy the optional fields `kinds` names from `source`, each of its type (None: absent)."""
+    for name, kind in kinds.items():
+        value = source.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise _invalid(f"{where}.{name}", f"must be {_KIND_NAMES[kind]}")
+        target[name] = value
+
+
+_KIND_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+
+
+def _kind(item: Any, default: str | None = None) -> str | None:
+    """An item's or part's `type` when it is a string (anything else matches no known type)."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type", default)
+    return kind if isinstance(kind, str) else None
 
 
 def _text(item: dict[str, Any], name: str, where: str) -> str:
