@@ -20,6 +20,7 @@ so a follow-up that names it finds it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from proxy.responses.translate import function_call_item, message_item, output_i
 from proxy.responses.turn import Call, Turn, new_id
 from proxy.routes.asgi_responder import SSE_HEADERS, AsgiResponder
 
+logger = logging.getLogger("radixgate.responses")
 _encoder = msgspec.json.Encoder()
 
 
@@ -216,10 +218,14 @@ class ResponsesResponder:
 
     async def _keep(self, response: dict[str, Any], text: str | None, calls: list[Call]) -> None:
         turn = self._turn
-        if turn.request.store:
+        if not turn.request.store:
+            return
+        try:
             await asyncio.to_thread(
                 self._store.put, turn.tenant_id, turn.id, turn.stored(response, text, calls)
             )
+        except Exception:  # the answer is whole: a store that fails loses the row, not the answer
+            logger.exception("storing response %s failed", turn.id)
 
     async def _event(self, kind: str, fields: dict[str, Any], *, last: bool = False) -> None:
         payload = _encoder.encode({"type": kind, "sequence_number": self._sequence, **fields})
