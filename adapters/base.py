@@ -21,6 +21,8 @@ class RouteHint:
     prefer_worker: str | None = None
     """A worker to keep the request on while its load allows (the one that served the previous
     turn of a conversation holds its KV)."""
+    required: bool = False
+    """Only `prefer_worker` may serve it (it holds the conversation's state, not only its KV)."""
     served_by: str | None = None
     """The worker the last attempt was sent to, set by the forwarder."""
 

@@ -55,6 +55,17 @@ class Tokenizes(Protocol):
 
 
 @runtime_checkable
+class ServesResponses(Protocol):
+    async def serves_responses(self) -> bool:
+        """Whether the engine serves `POST /v1/responses` itself."""
+        ...
+
+    async def delete_response(self, response_id: str) -> bool:
+        """Delete a response the engine stored; False when it had none or refused."""
+        ...
+
+
+@runtime_checkable
 class FlushesCache(Protocol):
     async def flush_cache(self) -> bool:
         """Drop the engine's prefix cache; False when the engine refused (e.g. busy)."""

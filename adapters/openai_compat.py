@@ -16,6 +16,7 @@ httpx's exceptions like httpx's own transport). httpx errors become the `adapter
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -34,7 +35,14 @@ from adapters.sse import DONE, SSEDecoder, SSEEvent
 from adapters.upstream_client import UpstreamClient, body_chunks
 from adapters.upstream_client import UpstreamClientConfig as UpstreamClientConfig  # its historic home
 
-_PATHS = {"chat": "chat/completions", "text_completion": "completions", "embeddings": "embeddings"}
+_PATHS = {
+    "chat": "chat/completions",
+    "text_completion": "completions",
+    "embeddings": "embeddings",
+    "responses": "responses",
+}
+_NOT_SERVED = frozenset({404, 405})
+"""Statuses of a server that has no such route (a server that has it refuses an empty body as invalid)."""
 _ERROR_SNIPPET_CHARS = 300
 
 
@@ -93,7 +101,7 @@ class OpenAICompatEngine:
         if probe.error is not None:
             raise _in_band_error(probe.error)
         completion = _completion(body, probe)
-        completion.whole = request.operation == "embeddings"
+        completion.whole = request.operation in ("embeddings", "responses")  # no choices to finish
         return completion
 
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
@@ -135,6 +143,27 @@ class OpenAICompatEngine:
                 f"upstream /v1/models is not a model list: {_snippet(response.content)}"
             ) from exc
         return [entry.id for entry in listing.data]
+
+    async def serves_responses(self) -> bool:
+        """Whether the upstream serves `POST /v1/responses`: one that does refuses an empty request as
+        invalid (400, 422); one that does not answers 404 or 405."""
+        try:
+            response = await self._client.post(
+                self._urls["responses"], content=b"{}", timeout=self.config.health_timeout_s
+            )
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500 and response.status_code not in _NOT_SERVED
+
+    async def delete_response(self, response_id: str) -> bool:
+        """`DELETE /v1/responses/{id}` on the upstream; False when it failed or had none."""
+        base = self._urls["responses"]
+        url = base.copy_with(path=f"{base.path}/{quote(response_id, safe='')}")
+        try:
+            response = await self._client.delete(url, timeout=self.config.health_timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     async def check_health(self) -> bool:
         """True when `GET /v1/models` answers 200 with a model list."""

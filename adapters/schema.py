@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-Operation = Literal["chat", "text_completion", "embeddings"]
+Operation = Literal["chat", "text_completion", "embeddings", "responses"]
 """`gen_ai.operation.name` of the endpoints the pipeline serves."""
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 """The chat roles of the OpenAI API; any other is a 400 naming `messages[i].role`."""
@@ -99,22 +99,37 @@ class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
         return self.max_tokens
 
 
-class EmbeddingRequest(SamplingFields, kw_only=True, omit_defaults=True):
-    """`POST /v1/embeddings`. It shares the sampling fields' Struct so the request path reads every
-    request alike; an embeddings request that asks to stream is refused by the pipeline."""
-
-    input: str | list[str | int | list[int]]
-    """A string, strings, token ids, or lists of token ids, as for completions' `prompt`."""
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: TokenCount | None = None
+class PassThroughRequest(SamplingFields, kw_only=True, omit_defaults=True):
+    """A request whose body reaches the worker's endpoint of the same name, with no prompt the gateway
+    reads (no routing tokens, no cache salt): embeddings, and Responses for a worker that serves them.
+    It shares the sampling fields' Struct so the request path reads every request alike."""
 
     @property
     def token_limit(self) -> int | None:
         return None
 
 
+class EmbeddingRequest(PassThroughRequest, kw_only=True, omit_defaults=True):
+    """`POST /v1/embeddings`; one that asks to stream is refused by the pipeline."""
+
+    input: str | list[str | int | list[int]]
+    """A string, strings, token ids, or lists of token ids, as for completions' `prompt`."""
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: TokenCount | None = None
+
+
+class NativeResponsesRequest(PassThroughRequest, kw_only=True, omit_defaults=True):
+    """`POST /v1/responses` for a worker that serves it (validated by `proxy.responses` first)."""
+
+    max_output_tokens: TokenCount | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_output_tokens
+
+
 GenerationRequest = ChatCompletionRequest | CompletionRequest
-RequestParams = GenerationRequest | EmbeddingRequest
+RequestParams = GenerationRequest | PassThroughRequest
 """What the pipeline decodes of any request it serves."""
 
 

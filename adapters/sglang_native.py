@@ -20,7 +20,7 @@ import msgspec
 
 from adapters.base import Completion, EngineRequest
 from adapters.errors import EngineError, EngineOverloaded, InBandError, UpstreamStatusError
-from adapters.schema import ChatCompletionRequest, EmbeddingRequest, ErrorProbe, PromptTokensDetails, Usage
+from adapters.schema import ChatCompletionRequest, ErrorProbe, PassThroughRequest, PromptTokensDetails, Usage
 
 _PLAIN_SAMPLING = (
     "temperature",
@@ -121,7 +121,7 @@ def native_request(request: EngineRequest) -> NativeRequest | None:
     """A `NativeRequest` when `/generate` can serve `request` exactly; None when it needs the OpenAI API
     (several choices, tools, response formats, logprobs, echo or suffix)."""
     params = request.params
-    if isinstance(params, EmbeddingRequest) or params.n != 1 or params.logit_bias:
+    if isinstance(params, PassThroughRequest) or params.n != 1 or params.logit_bias:
         return None
     if isinstance(params, ChatCompletionRequest):
         if params.tools or params.response_format or params.logprobs:

@@ -129,6 +129,7 @@ class _TokenizeAnswer(msgspec.Struct):
 
 
 def _salted(request: EngineRequest) -> EngineRequest:
-    if not request.cache_salt or request.operation == "embeddings":  # no prefix KV to isolate
+    # Embeddings have no prefix KV; a Responses body goes to the worker as the client sent it.
+    if not request.cache_salt or request.operation in ("embeddings", "responses"):
         return request
     return dataclasses.replace(request, raw_body=with_cache_salt(request.raw_body, request.cache_salt))

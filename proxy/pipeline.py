@@ -41,6 +41,7 @@ from adapters.schema import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
+    NativeResponsesRequest,
     Operation,
     RequestParams,
     Usage,
@@ -63,6 +64,7 @@ _decoders: dict[Operation, msgspec.json.Decoder[Any]] = {
     "chat": msgspec.json.Decoder(ChatCompletionRequest, strict=False),
     "text_completion": msgspec.json.Decoder(CompletionRequest, strict=False),
     "embeddings": msgspec.json.Decoder(EmbeddingRequest, strict=False),
+    "responses": msgspec.json.Decoder(NativeResponsesRequest, strict=False),
 }
 
 
@@ -178,13 +180,18 @@ def admit(gateway: Gateway, tenant: Tenant, params: RequestParams, body: bytes) 
         raise ApiError.model_not_found(params.model)
     limits = gateway.settings.limits
     asked = params.token_limit
+    native = isinstance(params, NativeResponsesRequest)
+    cap_field = "max_output_tokens" if native else "max_tokens"
     if asked is None:
         if not limits.default_max_tokens or isinstance(params, EmbeddingRequest):
             return body
-        params.max_tokens = limits.default_max_tokens
-        return with_field(body, "max_tokens", limits.default_max_tokens)
+        if isinstance(params, NativeResponsesRequest):
+            params.max_output_tokens = limits.default_max_tokens
+        else:
+            params.max_tokens = limits.default_max_tokens
+        return with_field(body, cap_field, limits.default_max_tokens)
     if limits.max_tokens is not None and asked > limits.max_tokens:
-        field = "max_completion_tokens" if getattr(params, "max_completion_tokens", None) else "max_tokens"
+        field = "max_completion_tokens" if getattr(params, "max_completion_tokens", None) else cap_field
         raise ApiError(
             400,
             f"Invalid request: {field} is {asked}, above this gateway's limit of {limits.max_tokens}.",

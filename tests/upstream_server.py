@@ -75,8 +75,10 @@ class ReceivedRequest:
 class UpstreamServer:
     """Start with `start()`, stop with `stop()`; `url` is its base URL (without `/v1`)."""
 
-    def __init__(self, models: tuple[str, ...] = ("test-model",)) -> None:
+    def __init__(self, models: tuple[str, ...] = ("test-model",), *, responses_api: bool = False) -> None:
+        """`responses_api`: also serve `/v1/responses` (else it is a 404, as on a chat-only server)."""
         self.models = models
+        self.responses_api = responses_api
         self.faults: collections.deque[Fault] = collections.deque()
         self.requests: list[ReceivedRequest] = []
         self.connections_opened = 0
@@ -160,6 +162,14 @@ class UpstreamServer:
         if request.method == "GET" and request.path.startswith("/health"):  # SGLang's and vLLM's probes
             await _send_json(conn, writer, 200, {"status": "ok"})
             return True
+        if request.path.startswith("/v1/responses"):
+            if not self.responses_api:
+                await _send_json(conn, writer, 404, {"error": {"message": "Not Found", "type": "not_found"}})
+                return True
+            if request.method == "DELETE":
+                deleted = {"id": request.path.rsplit("/", 1)[1], "object": "response", "deleted": True}
+                await _send_json(conn, writer, 200, deleted)
+                return True
         fault = self.faults.popleft() if self.faults else Fault()
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
@@ -181,6 +191,24 @@ class UpstreamServer:
             await _send_json(
                 conn, writer, 400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}}
             )
+            return True
+        if request.path == "/v1/responses":
+            if "input" not in body:
+                await _send_json(
+                    conn, writer, 400, {"error": {"message": "input is required", "param": "input"}}
+                )
+                return True
+            answer = _response(body, next(self._ids))
+            if not body.get("stream"):
+                await _send_json(conn, writer, 200, answer)
+                return True
+            headers = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")]
+            writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+            for event in _response_events(answer):
+                frame = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                writer.write(conn.send(h11.Data(data=frame)) or b"")
+            writer.write(conn.send(h11.EndOfMessage()) or b"")
+            await writer.drain()
             return True
         if request.path.endswith("/embeddings"):
             await _send_json(conn, writer, 200, _embeddings(body))
@@ -387,3 +415,53 @@ def _embeddings(body: dict[str, Any]) -> dict[str, Any]:
         "model": body["model"],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _response(body: dict[str, Any], number: int) -> dict[str, Any]:
+    """A Responses API answer (`/v1/responses` served natively) with the usual reply."""
+    words, finish = _words({"max_tokens": body.get("max_output_tokens")})
+    text = "".join(words)
+    message = {
+        "type": "message",
+        "id": f"msg_up_{number}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    return {
+        "id": f"resp_up_{number}",
+        "object": "response",
+        "created_at": 1700000000 + number,
+        "status": "completed" if finish == "stop" else "incomplete",
+        "model": body.get("model"),
+        "output": [message],
+        "previous_response_id": body.get("previous_response_id"),
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 5,
+            "input_tokens_details": {"cached_tokens": CACHED_TOKENS},
+            "output_tokens": len(words),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 5 + len(words),
+        },
+    }
+
+
+def _response_events(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream of `response`, as OpenAI's Responses events."""
+    message = response["output"][0]
+    text = message["content"][0]["text"]
+    where = {"item_id": message["id"], "output_index": 0, "content_index": 0}
+    opened = {**response, "status": "in_progress", "output": []}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": opened},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**message, "content": []}},
+        {"type": "response.content_part.added", **where, "part": {"type": "output_text", "text": ""}},
+        {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []},
+        {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.completed", "response": response},
+    ]
+    return [{**event, "sequence_number": number} for number, event in enumerate(events)]

@@ -38,7 +38,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
-from adapters.schema import EmbeddingRequest, GenerationRequest
+from adapters.schema import GenerationRequest, PassThroughRequest
 
 
 @dataclass(slots=True)
@@ -300,7 +300,7 @@ class LocalEngine:
 
     def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
         params = request.params
-        if isinstance(params, EmbeddingRequest):
+        if isinstance(params, PassThroughRequest):  # the router sends it no other kind
             raise InvalidRequest(
                 f"The model `{self.model_id}` does not create embeddings: the embedded engine ships no "
                 "embedding model. Configure a worker that serves one (`[[workers]]`).",

@@ -307,6 +307,8 @@ class ResponseCacheStep:
         """Whether to look `request` up (False: `no-cache`, store only); None to bypass the cache."""
         if self.cache is None or (call is not None and not call.enable_caching):
             return None
+        if request.operation == "responses":  # the worker stores each answer under its own id
+            return None
         params = request.params
         deterministic = request.operation == "embeddings" or is_deterministic(params.temperature, params.seed)
         if (call is None or call.label is None) and not deterministic:

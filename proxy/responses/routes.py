@@ -2,9 +2,11 @@
 
 A create request is translated to a chat completion (`proxy.responses.translate`) and served by the
 one pipeline like any chat request: the same authentication, limits, response cache, routing and
-retries. A `previous_response_id` continues a stored conversation of the caller's tenant (404
-otherwise) and asks the router for the worker that served it, where the KV of the whole history
-lives. The answer goes out through `ResponsesResponder`.
+retries; the answer goes out through `ResponsesResponder`. When every worker of the model serves
+`/v1/responses` itself, the body is passed through instead (`proxy.responses.native`). A
+`previous_response_id` continues a stored conversation of the caller's tenant (404 otherwise): a
+translated one on the worker that served it while its load allows (where the KV of the whole history
+lives), a passed-through one on that worker only (it keeps the conversation).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from litestar.handlers import ASGIRouteHandler, HTTPRouteHandler, asgi
 from litestar.params import FromPath
 
 from adapters.base import RouteHint
+from adapters.engine_metrics import ServesResponses
 from proxy.asgi_types import Receive, Scope, Send
 from proxy.auth import Tenant, tenant_guard
 from proxy.errors import JSON, ApiError
 from proxy.gateway import Gateway
 from proxy.pipeline import GenerationCall, Pipeline
+from proxy.responses.native import NativeResponder
 from proxy.responses.responder import ResponsesResponder
 from proxy.responses.schema import ResponsesRequest
 from proxy.responses.store import ResponseStore
@@ -73,12 +77,28 @@ def responses_handlers(
         request = decode_responses_request(http.body)
         history: list[Message] = []
         route = RouteHint()
+        stored = None
         if request.previous_response_id is not None:
             stored = await asyncio.to_thread(store.get, http.tenant.id, request.previous_response_id)
             if stored is None:
                 raise not_found(request.previous_response_id)
             history = _history_decoder.decode(stored.conversation)
             route.prefer_worker = stored.worker
+        if stored.native if stored is not None else gateway.router.passes_responses_through(request.model):
+            # The worker serves the Responses API and keeps the conversation: the body goes as sent.
+            route.required = stored is not None
+            call = GenerationCall(
+                "responses", http.body, http.tenant, http.request_id, http.cache_control, route=route
+            )
+            kept = store if request.store else None
+            await answer(
+                pipeline,
+                call,
+                receive,
+                send,
+                responder_for=lambda send, disarm: NativeResponder(send, disarm, http.tenant.id, kept, route),
+            )
+            return
         turn = Turn(request, http.tenant.id, history, input_messages(request.input), route)
         body = _encoder.encode(chat_body(request, history, turn.messages))
         call = GenerationCall("chat", body, http.tenant, http.request_id, http.cache_control, route=route)
@@ -103,8 +123,12 @@ def responses_handlers(
     @delete(RESPONSE_PATH, guards=guards, name="delete_response", status_code=200)
     async def delete_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         tenant: Tenant = request.state.tenant
-        if not await asyncio.to_thread(store.delete, tenant.id, response_id):
+        stored = await asyncio.to_thread(store.get, tenant.id, response_id)
+        if stored is None or not await asyncio.to_thread(store.delete, tenant.id, response_id):
             raise not_found(response_id)
+        worker = gateway.router.worker(stored.worker) if stored.native and stored.worker else None
+        if worker is not None and isinstance(worker.engine, ServesResponses):
+            await worker.engine.delete_response(response_id)  # the worker's own copy, too
         deleted = {"id": response_id, "object": "response", "deleted": True}
         return Response(_encoder.encode(deleted), media_type=JSON)
 

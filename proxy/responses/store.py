@@ -23,7 +23,7 @@ from pathlib import Path
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     tenant TEXT NOT NULL, id TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,
-    response BLOB NOT NULL, conversation BLOB NOT NULL, worker TEXT,
+    response BLOB NOT NULL, conversation BLOB NOT NULL, worker TEXT, native INTEGER NOT NULL,
     PRIMARY KEY (tenant, id)
 )
 """
@@ -42,6 +42,9 @@ class StoredTurn:
     """JSON list of the chat messages from the first turn through this response's output."""
     worker: str | None
     """The worker that served it; a follow-up is routed there while its load allows."""
+    native: bool = False
+    """The worker served `/v1/responses` itself and keeps the conversation: a follow-up goes there only
+    (and `conversation` is empty)."""
 
 
 class ResponseStore:
@@ -65,8 +68,17 @@ class ResponseStore:
         now = self._clock()
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (tenant, response_id, now, now + self.ttl_s, turn.response, turn.conversation, turn.worker),
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    tenant,
+                    response_id,
+                    now,
+                    now + self.ttl_s,
+                    turn.response,
+                    turn.conversation,
+                    turn.worker,
+                    turn.native,
+                ),
             )
             self._writes += 1
             if self._writes % PURGE_EVERY_WRITES == 0:
@@ -77,13 +89,13 @@ class ResponseStore:
         """The live response `response_id` of `tenant`, or None (unknown, expired or another tenant's)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT response, conversation, worker FROM responses"
+                "SELECT response, conversation, worker, native FROM responses"
                 " WHERE tenant = ? AND id = ? AND expires_at > ?",
                 (tenant, response_id, self._clock()),
             ).fetchone()
         if row is None:
             return None
-        return StoredTurn(bytes(row[0]), bytes(row[1]), row[2])
+        return StoredTurn(bytes(row[0]), bytes(row[1]), row[2], bool(row[3]))
 
     def delete(self, tenant: str, response_id: str) -> bool:
         """Delete one response of `tenant`; False when it had none live under that id."""

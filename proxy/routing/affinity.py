@@ -6,7 +6,8 @@ that worker is unavailable or out of balance by the same guards the cache_aware 
 every candidate (`imbalance_abs_tokens` and `imbalance_rel` on queued work, `balance_abs_requests`
 and `balance_rel` on in-flight requests); then the policy chooses as usual. Unlike the routing tree's
 prediction, the hint holds however long the history, whatever was evicted from the tree, and under
-any policy.
+any policy. A hint marked `required` (a conversation whose state the worker itself stores, for a
+worker that serves `/v1/responses` natively) admits that worker only.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ def preferred_worker(
     request: EngineRequest, candidates: Sequence[Worker], settings: CacheAwareSettings
 ) -> Worker | None:
     """The hinted worker when it is a candidate and its load allows; None: let the policy choose."""
-    wanted = request.route.prefer_worker if request.route is not None else None
-    if wanted is None:
+    route = request.route
+    if route is None or route.prefer_worker is None:
         return None
-    worker = next((w for w in candidates if w.id == wanted), None)
-    if worker is None:
-        return None
+    worker = next((w for w in candidates if w.id == route.prefer_worker), None)
+    if worker is None or route.required:
+        return worker
     min_work = min(w.queued_work for w in candidates)
     if worker.queued_work - min_work > settings.imbalance_abs_tokens and (
         worker.queued_work > settings.imbalance_rel * min_work

@@ -96,6 +96,10 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     uses the default."""
     api_key: Annotated[str, msgspec.Meta(pattern=API_KEY_PATTERN)] | None = None
     """Bearer token radixgate sends to this worker (never the client's key); printable ASCII."""
+    responses_api: bool | None = None
+    """The worker serves `POST /v1/responses` itself, so Responses requests are passed through to it
+    (when every worker of the model does); None asks the worker once, at start; the embedded engine
+    never does (docs/responses.md)."""
 
     def __post_init__(self) -> None:
         if self.kind != "local" and not self.url.startswith(("http://", "https://")):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import Tracer
 
 from adapters.base import Engine, EngineRequest
-from adapters.engine_metrics import FlushesCache, LoadsInProcess
+from adapters.engine_metrics import FlushesCache, LoadsInProcess, ServesResponses
 from adapters.errors import EngineOverloaded
 from adapters.schema import Usage
 from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
@@ -150,11 +150,15 @@ class WorkerPool:
     async def acquire(self, request: EngineRequest, *, exclude: frozenset[str] = frozenset()) -> PoolLease:
         """Choose a worker for `request`; raises `EngineOverloaded` when none is available."""
         model = request.model
-        serving = [w for w in self._workers.values() if w.serves(model)]
+        native = request.operation == "responses"  # passed through: only workers that serve it
+        serving = [w for w in self._workers.values() if w.serves(model) and (w.responses_api or not native)]
         candidates = [w for w in serving if w.id not in exclude and w.available()]
         if not candidates:
             # Panic mode (as Envoy's): when every circuit is open, trying a live worker beats refusing all.
             candidates = [w for w in serving if w.id not in exclude and w.available(ignore_breaker=True)]
+        route = request.route
+        if route is not None and route.required:  # the conversation's state lives on that worker
+            candidates = [w for w in candidates if w.id == route.prefer_worker]
         if not candidates:
             self.observer.no_worker(model)
             raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
@@ -222,6 +226,7 @@ class WorkerPool:
         here, not inside the first check, whose timeout would mark it down until the next round."""
         await asyncio.gather(asyncio.to_thread(self.prompts.load), *map(_preload, self._workers.values()))
         await self.health.check_all()
+        await asyncio.gather(*map(_detect_responses, self._workers.values()))
         self.health.start()
 
     async def aclose(self) -> None:
@@ -233,6 +238,17 @@ class WorkerPool:
 
     # ---- run-time membership ----------------------------------------------------------------
 
+    def passes_responses_through(self, model: str) -> bool:
+        """True when every live worker of `model` serves `/v1/responses` itself (and one does)."""
+        live = [
+            w for w in self._workers.values() if w.serves(model) and not w.draining and w.health != "down"
+        ]
+        return bool(live) and all(w.responses_api for w in live)
+
+    def worker(self, worker_id: str) -> Worker | None:
+        """The worker named `worker_id`, if it is in the pool."""
+        return self._workers.get(worker_id)
+
     def workers(self) -> list[Worker]:
         """Workers in the pool, draining ones included."""
         return list(self._workers.values())
@@ -241,6 +257,7 @@ class WorkerPool:
         """Add a worker and check its health at once; ValueError if its id is taken."""
         worker = self._add(spec)
         await self.health.check(worker)
+        await _detect_responses(worker)
         return worker
 
     def remove_worker(self, worker_id: str) -> DrainResult:
@@ -307,6 +324,15 @@ class WorkerPool:
             logger.warning("worker %s closed with %d requests still in flight", worker.id, worker.in_flight)
             with contextlib.suppress(Exception):
                 self.finish_drain(worker)
+
+
+async def _detect_responses(worker: Worker) -> None:
+    """Settle whether the worker serves `/v1/responses` itself: as configured, else asked once."""
+    configured = worker.spec.responses_api
+    if configured is not None:
+        worker.responses_api = configured
+    elif isinstance(worker.engine, ServesResponses) and worker.health == "up":
+        worker.responses_api = await worker.engine.serves_responses()
 
 
 async def _preload(worker: Worker) -> None:

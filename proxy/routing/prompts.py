@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from adapters.base import EngineRequest
 from adapters.engine_metrics import Tokenizes
-from adapters.schema import ChatCompletionRequest, EmbeddingRequest
+from adapters.schema import ChatCompletionRequest, PassThroughRequest
 from proxy.routing.tokenizing import (
     ByteTokenizer,
     ChatRenderer,
@@ -84,7 +84,7 @@ class PromptTokens:
                 segments = renderer.segments(request.params.messages)
             if segments is not None:
                 ids, kind = await self._encode_segments(model, segments)
-            elif isinstance(request.params, EmbeddingRequest):  # routed by load alone: no prompt
+            elif isinstance(request.params, PassThroughRequest):  # routed by load alone: no prompt
                 ids = []
             else:
                 prompt = prompt_of(request.params, renderer)

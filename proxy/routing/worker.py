@@ -75,6 +75,8 @@ class Worker:
     engine_load: dict[str, float] = field(default_factory=dict)
     _prefills: deque[InFlight] = field(default_factory=deque)
     """The engine's own gauges from its `/metrics` (running, queued, cache hit rate), when it has them."""
+    responses_api: bool = False
+    """Serves `POST /v1/responses` itself (configured, or detected by the pool at start)."""
 
     @classmethod
     def create(

@@ -103,7 +103,7 @@ def test_wrong_method_is_405(gateway: GatewayServer) -> None:
 
 
 def test_unknown_route_is_404(gateway: GatewayServer) -> None:
-    assert _error(httpx.post(f"{gateway.url}/embeddings", json={}), 404)["code"] == "unknown_url"
+    assert _error(httpx.post(f"{gateway.url}/images/generations", json={}), 404)["code"] == "unknown_url"
 
 
 def test_upstream_4xx_is_relayed_with_its_message(client: openai.OpenAI, upstream: UpstreamServer) -> None:

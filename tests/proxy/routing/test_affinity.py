@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from adapters.base import RouteHint
+from adapters.errors import EngineOverloaded
 from tests.proxy.routing.conftest import chat_request, make_pool
 
 
@@ -38,3 +41,17 @@ async def test_a_hint_naming_no_candidate_is_ignored() -> None:
     request.route = RouteHint(prefer_worker="gone")
     lease = await pool.acquire(request)
     assert lease.worker_id in {w.id for w in pool.workers()}
+
+
+async def test_a_required_hint_holds_however_loaded_and_fails_without_its_worker() -> None:
+    pool = make_pool(2, policy="least_load", cache_aware={"balance_abs_requests": 0, "balance_rel": 1.0})
+    held = []
+    for _ in range(3):
+        request = chat_request("system", "user")
+        request.route = RouteHint(prefer_worker="w0", required=True)
+        held.append(await pool.acquire(request))
+    assert {lease.worker_id for lease in held} == {"w0"}
+    request = chat_request("system", "user")
+    request.route = RouteHint(prefer_worker="gone", required=True)
+    with pytest.raises(EngineOverloaded):
+        await pool.acquire(request)
