@@ -37,7 +37,8 @@ from proxy.telemetry.semconv import ROUTING_DECISIONS_METRIC
 
 WORKERS = 4
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 1024, 64, 64
-CONVERSATIONS, TURNS, USERS = 64, 5, 16
+TURNS, USERS = 5, 16
+DEFAULT_CONVERSATIONS = 64
 CAPACITY_TOKENS = 8 * SYSTEM_LEN + 24 * TURNS * (QUESTION_LEN + OUTPUT_LEN)
 """A few conversations' histories per worker beyond the system prompt: histories compete for the KV."""
 OUT = Path(__file__).parent / "out"
@@ -87,11 +88,11 @@ async def talk_responses(client: httpx.AsyncClient, url: str, conversation: Conv
     return outputs
 
 
-async def replay(url: str, hinted: bool) -> tuple[int, int, float]:
-    """(requests, output tokens, wall seconds) of every conversation, USERS at a time."""
+async def replay(url: str, hinted: bool, count: int) -> tuple[int, int, float]:
+    """(requests, output tokens, wall seconds) of `count` conversations, USERS at a time."""
     conversations = multi_turn(
         7,
-        conversations=CONVERSATIONS,
+        conversations=count,
         turns=TURNS,
         system_len=SYSTEM_LEN,
         question_len=QUESTION_LEN,
@@ -124,23 +125,23 @@ def kept_decisions(router: Proc) -> float:
     )
 
 
-def run(name: str, router: Proc, workers: Sequence[Proc], hinted: bool) -> Run:
+def run(name: str, router: Proc, workers: Sequence[Proc], hinted: bool, count: int) -> Run:
     flush_workers(workers)
     before = [worker_counters(w) for w in workers]
-    requests, output_tokens, wall_s = asyncio.run(replay(router.url, hinted))
+    requests, output_tokens, wall_s = asyncio.run(replay(router.url, hinted, count))
     after = [worker_counters(w) for w in workers]
     spent = [a.minus(b) for a, b in zip(after, before, strict=True)]
     prompt = sum(c.prompt_tokens for c in spent)
     result = Run(
         name,
         requests,
-        CONVERSATIONS * TURNS - requests,
+        count * TURNS - requests,
         round(wall_s, 2),
         output_tokens,
         round(sum(c.cached_tokens for c in spent) / prompt, 4) if prompt else 0.0,
     )
     if hinted:
-        result.kept_follow_ups = round(kept_decisions(router) / (CONVERSATIONS * (TURNS - 1)), 4)
+        result.kept_follow_ups = round(kept_decisions(router) / (count * (TURNS - 1)), 4)
     return result
 
 
@@ -149,6 +150,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--conversations", type=int, default=DEFAULT_CONVERSATIONS)
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
@@ -165,7 +167,11 @@ def main() -> None:
             cluster.gateway(name, workers, "cache_aware", config_path) for name in ("hinted", "baseline")
         ]
         cluster.wait_ready([*workers, *routers])
-        runs = [run("baseline", routers[1], workers, False), run("hinted", routers[0], workers, True)]
+        count = args.conversations
+        runs = [
+            run("baseline", routers[1], workers, False, count),
+            run("hinted", routers[0], workers, True, count),
+        ]
     finally:
         cluster.stop()
     report = {

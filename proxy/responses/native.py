@@ -10,7 +10,6 @@ answers from the gateway and a follow-up goes to that worker only.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -115,6 +114,6 @@ class NativeResponder:
             return
         turn = StoredTurn(response, b"[]", self._route.served_by, native=True)
         try:
-            await asyncio.to_thread(self._store.put, self._tenant_id, response_id, turn)
+            await self._store.run(self._store.put, self._tenant_id, response_id, turn)
         except Exception:  # the answer is whole: a store that fails loses the row, not the answer
             logger.exception("storing response %s failed", response_id)

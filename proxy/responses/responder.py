@@ -19,7 +19,6 @@ so a follow-up that names it finds it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -221,7 +220,7 @@ class ResponsesResponder:
         if not turn.request.store:
             return
         try:
-            await asyncio.to_thread(
+            await self._store.run(
                 self._store.put, turn.tenant_id, turn.id, turn.stored(response, text, calls)
             )
         except Exception:  # the answer is whole: a store that fails loses the row, not the answer

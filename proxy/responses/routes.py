@@ -11,7 +11,6 @@ lives), a passed-through one on that worker only (it keeps the conversation).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -79,7 +78,7 @@ def responses_handlers(
         route = RouteHint()
         stored = None
         if request.previous_response_id is not None:
-            stored = await asyncio.to_thread(store.get, http.tenant.id, request.previous_response_id)
+            stored = await store.run(store.get, http.tenant.id, request.previous_response_id)
             if stored is None:
                 raise not_found(request.previous_response_id)
             history = _history_decoder.decode(stored.conversation)
@@ -115,7 +114,7 @@ def responses_handlers(
     @get(RESPONSE_PATH, guards=guards, name="get_response")
     async def get_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         tenant: Tenant = request.state.tenant  # set by the guard
-        stored = await asyncio.to_thread(store.get, tenant.id, response_id)
+        stored = await store.run(store.get, tenant.id, response_id)
         if stored is None:
             raise not_found(response_id)
         return Response(stored.response, media_type=JSON)
@@ -123,8 +122,8 @@ def responses_handlers(
     @delete(RESPONSE_PATH, guards=guards, name="delete_response", status_code=200)
     async def delete_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         tenant: Tenant = request.state.tenant
-        stored = await asyncio.to_thread(store.get, tenant.id, response_id)
-        if stored is None or not await asyncio.to_thread(store.delete, tenant.id, response_id):
+        stored = await store.run(store.get, tenant.id, response_id)
+        if stored is None or not await store.run(store.delete, tenant.id, response_id):
             raise not_found(response_id)
         worker = gateway.router.worker(stored.worker) if stored.native and stored.worker else None
         if worker is not None and isinstance(worker.engine, ServesResponses):

@@ -8,17 +8,23 @@ that served it (the routing hint of that follow-up). Rows live `responses.ttl_s`
 row reads as absent and is deleted by a later write. Every read and delete is keyed by (tenant, id),
 so another tenant's id is unknown.
 
-Calls block on SQLite; the routes run them in a worker thread.
+Calls block on SQLite: `run` makes them in a worker thread when the database is a file, inline when it
+is in memory (nothing to wait for there, and a thread hop costs more than the query).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -54,6 +60,7 @@ class ResponseStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._lock = threading.Lock()
+        self._in_memory = path is None
         self._db = sqlite3.connect(":memory:" if path is None else str(path), check_same_thread=False)
         if path is not None:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -62,6 +69,12 @@ class ResponseStore:
         self._db.execute(_EXPIRY_INDEX)
         self._db.commit()
         self._writes = 0
+
+    async def run(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`call(*args)` (one of this store's methods) from the event loop (see the module docstring)."""
+        if self._in_memory:
+            return call(*args, **kwargs)
+        return await asyncio.to_thread(call, *args, **kwargs)
 
     def put(self, tenant: str, response_id: str, turn: StoredTurn) -> None:
         """Store (or replace) one response for `tenant`."""

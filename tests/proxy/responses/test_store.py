@@ -47,3 +47,10 @@ def test_rows_survive_a_restart(tmp_path: Path) -> None:
     reopened = ResponseStore(path, ttl_s=60)
     assert reopened.get("alice", "resp_1") == TURN
     reopened.close()
+
+
+async def test_run_serves_the_loop_from_memory_or_a_file(tmp_path: Path) -> None:
+    for store in (ResponseStore(None, ttl_s=60), ResponseStore(tmp_path / "r.sqlite3", ttl_s=60)):
+        await store.run(store.put, "alice", "resp_1", TURN)
+        assert await store.run(store.get, "alice", "resp_1") == TURN
+        store.close()
