@@ -180,8 +180,7 @@ def admit(gateway: Gateway, tenant: Tenant, params: RequestParams, body: bytes) 
         raise ApiError.model_not_found(params.model)
     limits = gateway.settings.limits
     asked = params.token_limit
-    native = isinstance(params, NativeResponsesRequest)
-    cap_field = "max_output_tokens" if native else "max_tokens"
+    cap_field = "max_output_tokens" if isinstance(params, NativeResponsesRequest) else "max_tokens"
     if asked is None:
         if not limits.default_max_tokens or isinstance(params, EmbeddingRequest):
             return body

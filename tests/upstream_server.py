@@ -13,9 +13,7 @@ is complete, and injects faults scripted per request:
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
-import hashlib
 import itertools
 import json
 import threading
@@ -24,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h11
-import numpy as np
+
+from tests.upstream_endpoints import embeddings, response, response_events
 
 REPLY_WORDS = ("Hello", " from", " the", " test", " upstream", ".")
 """The answer every choice gets (one token per word), cut short by `max_tokens`."""
@@ -198,20 +197,21 @@ class UpstreamServer:
                     conn, writer, 400, {"error": {"message": "input is required", "param": "input"}}
                 )
                 return True
-            answer = _response(body, next(self._ids))
+            words, finish = _words({"max_tokens": body.get("max_output_tokens")})
+            answer = response(body, next(self._ids), words, finish, CACHED_TOKENS)
             if not body.get("stream"):
                 await _send_json(conn, writer, 200, answer)
                 return True
             headers = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")]
             writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
-            for event in _response_events(answer):
+            for event in response_events(answer):
                 frame = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
                 writer.write(conn.send(h11.Data(data=frame)) or b"")
             writer.write(conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
             return True
         if request.path.endswith("/embeddings"):
-            await _send_json(conn, writer, 200, _embeddings(body))
+            await _send_json(conn, writer, 200, embeddings(body))
             return True
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
@@ -385,83 +385,3 @@ def _chunks(body: dict[str, Any], chat: bool, number: int) -> list[dict[str, Any
     if include_usage:
         chunks.append({**base, "choices": [], "usage": _usage(body, len(words) * n)})
     return chunks
-
-
-EMBEDDING_DIMENSIONS = 8
-"""Length of every vector the server returns (unless the request asks for `dimensions`)."""
-
-
-def embedding_of(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:
-    """The vector the server returns for `text`: float32 values from its SHA-256, in [-1, 1)."""
-    digest = hashlib.sha256(text.encode()).digest()
-    values = np.frombuffer((digest * (1 + dimensions // 32))[:dimensions], dtype=np.uint8)
-    return [float(v) for v in (values.astype(np.float32) / 128.0 - 1.0)]
-
-
-def _embeddings(body: dict[str, Any]) -> dict[str, Any]:
-    inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-    dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
-    data = []
-    for index, item in enumerate(inputs):
-        vector = embedding_of(json.dumps(item) if not isinstance(item, str) else item, dimensions)
-        encoded: Any = vector
-        if body.get("encoding_format") == "base64":
-            encoded = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
-        data.append({"object": "embedding", "index": index, "embedding": encoded})
-    tokens = sum(len(str(item).split()) for item in inputs)
-    return {
-        "object": "list",
-        "data": data,
-        "model": body["model"],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-
-
-def _response(body: dict[str, Any], number: int) -> dict[str, Any]:
-    """A Responses API answer (`/v1/responses` served natively) with the usual reply."""
-    words, finish = _words({"max_tokens": body.get("max_output_tokens")})
-    text = "".join(words)
-    message = {
-        "type": "message",
-        "id": f"msg_up_{number}",
-        "status": "completed",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-    return {
-        "id": f"resp_up_{number}",
-        "object": "response",
-        "created_at": 1700000000 + number,
-        "status": "completed" if finish == "stop" else "incomplete",
-        "model": body.get("model"),
-        "output": [message],
-        "previous_response_id": body.get("previous_response_id"),
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": {
-            "input_tokens": 5,
-            "input_tokens_details": {"cached_tokens": CACHED_TOKENS},
-            "output_tokens": len(words),
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 5 + len(words),
-        },
-    }
-
-
-def _response_events(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """The stream of `response`, as OpenAI's Responses events."""
-    message = response["output"][0]
-    text = message["content"][0]["text"]
-    where = {"item_id": message["id"], "output_index": 0, "content_index": 0}
-    opened = {**response, "status": "in_progress", "output": []}
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": opened},
-        {"type": "response.output_item.added", "output_index": 0, "item": {**message, "content": []}},
-        {"type": "response.content_part.added", **where, "part": {"type": "output_text", "text": ""}},
-        {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []},
-        {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-        {"type": "response.output_item.done", "output_index": 0, "item": message},
-        {"type": "response.completed", "response": response},
-    ]
-    return [{**event, "sequence_number": number} for number, event in enumerate(events)]

@@ -17,7 +17,8 @@ from proxy.auth import hash_key
 from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.settings import ApiKeySettings, AuthSettings, Settings
 from tests.gateway_server import GatewayServer
-from tests.upstream_server import UpstreamServer, embedding_of
+from tests.upstream_endpoints import embedding_of
+from tests.upstream_server import UpstreamServer
 
 EMBEDDER = "test-embedder"
 KEYS = {"alice": "sk-alice", "bob": "sk-bob"}
