@@ -86,8 +86,9 @@ class ResponsesResponder:
             model=chat.model,
             finish_reason=choice.finish_reason if choice is not None else None,
         )
-        await self._keep(response, text, calls)
-        await self._json.send_json(_encoder.encode(response), headers)
+        body = _encoder.encode(response)
+        await self._keep(body, text, calls)
+        await self._json.send_json(body, headers)
 
     async def send_stream(self, headers: Headers, chunks: Sequence[bytes]) -> None:
         await self.start_stream(headers, chunks[0])
@@ -157,9 +158,10 @@ class ResponsesResponder:
             finish_reason=self._finish_reason,
         )
         calls = [(c.call_id, c.name, c.arguments) for c in self._calls.values()]
-        await self._keep(response, text, calls)
+        body = _encoder.encode(response)
+        await self._keep(body, text, calls)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        await self._event(kind, {"response": response}, last=True)
+        await self._event(kind, {"response": msgspec.Raw(body)}, last=True)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -215,7 +217,7 @@ class ResponsesResponder:
             )
         return [item for _, item in sorted(items, key=lambda pair: pair[0])]
 
-    async def _keep(self, response: dict[str, Any], text: str | None, calls: list[Call]) -> None:
+    async def _keep(self, response: bytes, text: str | None, calls: list[Call]) -> None:
         turn = self._turn
         if not turn.request.store:
             return

@@ -79,10 +79,10 @@ class Turn:
             "truncation": "disabled",
         }
 
-    def stored(self, response: dict[str, Any], text: str | None, calls: list[Call]) -> StoredTurn:
-        """The row to store: the response, and the conversation with its output appended."""
+    def stored(self, response: bytes, text: str | None, calls: list[Call]) -> StoredTurn:
+        """The row to store: the response (JSON), and the conversation with its output appended."""
         conversation = [*self.history, *self.messages, assistant_message(text, calls)]
-        return StoredTurn(_encoder.encode(response), _encoder.encode(conversation), self.route.served_by)
+        return StoredTurn(response, _encoder.encode(conversation), self.route.served_by)
 
 
 def responses_usage(usage: ChatUsage) -> dict[str, Any]:
