@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
 
 from adapters.local import LocalEngineConfig
 from proxy.app import create_app
@@ -73,15 +73,16 @@ def test_stream_helper_and_final_response(client: openai.OpenAI) -> None:
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
-def test_an_agents_sdk_agent_answers_and_continues(gateway: GatewayServer) -> None:
+def test_an_agents_sdk_agent_answers_and_continues(gateway: GatewayServer, client: openai.OpenAI) -> None:
     set_tracing_disabled(True)
 
-    async def run() -> tuple[str, str]:
-        async with openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0) as client:
+    async def run() -> tuple[str, str | None, str, str | None]:
+        async with openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0) as sdk:
             agent = Agent(
                 name="tutor",
                 instructions="Answer in one short sentence.",
-                model=OpenAIResponsesModel(MODEL, client),
+                model=OpenAIResponsesModel(MODEL, sdk),
+                model_settings=ModelSettings(temperature=0, max_tokens=32),
             )
             first = await Runner.run(agent, "What is the capital of France?")
             streamed = Runner.run_streamed(
@@ -89,11 +90,22 @@ def test_an_agents_sdk_agent_answers_and_continues(gateway: GatewayServer) -> No
             )
             async for _ in streamed.stream_events():
                 pass
-            return str(first.final_output), str(streamed.final_output)
+            return (
+                str(first.final_output),
+                first.last_response_id,
+                str(streamed.final_output),
+                (streamed.last_response_id),
+            )
 
-    first, second = asyncio.run(run())
-    assert "Paris" in first
-    assert "Madrid" in second
+    first_text, first_id, second_text, second_id = asyncio.run(run())
+    assert "Paris" in first_text and second_text
+    assert first_id is not None and second_id is not None
+    first, second = client.responses.retrieve(first_id), client.responses.retrieve(second_id)
+    assert second.previous_response_id == first_id
+    assert first.usage is not None and second.usage is not None
+    # The second turn carried the first one's history, and found it in the engine's prefix cache.
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - ENGINE.page_size
 
 
 def test_embeddings_are_a_clear_error_here(client: openai.OpenAI) -> None:
