@@ -38,6 +38,11 @@ from adapters.local.linear import (
     owned,
 )
 
+INT4_BLOCK_ROWS = 16
+"""Most rows one call of the int4 kernel takes; more decode rows (a full batch, speculative
+verification rows) go in calls of this many. Its cost grows faster than its rows past ~16 with
+torch's AVX2 code (measured in `benchmarks/results/engine_quantized.md`), and a row's result does
+not depend on the rows beside it in a call, so blocks keep every row's arithmetic as it is alone."""
 INT4_INNER_K_TILES = 1
 """`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
 _ACTIVATIONS = torch.bfloat16
@@ -78,9 +83,14 @@ class Int4Linear:
         return self.exact.rows(ids)
 
     def _compact(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(_ACTIVATIONS).contiguous(), self.packed, Q4_1_BLOCK, self.scales_zeros
-        )
+        rows = x.to(_ACTIVATIONS).contiguous()
+        parts = [
+            torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows[start : start + INT4_BLOCK_ROWS], self.packed, Q4_1_BLOCK, self.scales_zeros
+            )
+            for start in range(0, rows.shape[0], INT4_BLOCK_ROWS)
+        ]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
         return y.to(x.dtype)
 
 

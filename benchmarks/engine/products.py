@@ -28,6 +28,7 @@ import torch
 
 from adapters.local.kernels import load_kernel
 from adapters.local.linear import GROUP, interleave_q4_1, interleave_q4_1_vnni, interleave_q8_0
+from adapters.local.stock_linear import INT4_BLOCK_ROWS
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -54,6 +55,18 @@ def _int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> 
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, GROUP_SIZE, scales_zeros)
 
 
+def _int4_blocked(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """The engine's decode rows (`stock_linear.Int4Linear`): at most `INT4_BLOCK_ROWS` rows a call."""
+    rows = x.bfloat16()
+    parts = [
+        torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows[i : i + INT4_BLOCK_ROWS], packed, GROUP_SIZE, scales_zeros
+        )
+        for i in range(0, rows.shape[0], INT4_BLOCK_ROWS)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight, scales)
 
@@ -61,6 +74,19 @@ def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.
 def _int8_product(dense: torch.Tensor) -> Product:
     weight, scales = _per_channel(dense)
     return partial(_int8, weight=weight, scales=scales)
+
+
+def _int8_dynamic(x: torch.Tensor, weight_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int8 activations (per row) times int8 weights (per output) in `torch._int_mm`: what
+    torchao's int8 dynamic-activation config runs on CPU."""
+    row_scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+    q = torch.round(x / row_scale).to(torch.int8)
+    return torch._int_mm(q, weight_t) * row_scale * scales
+
+
+def _int8_dynamic_product(dense: torch.Tensor) -> Product:
+    weight, scales = _per_channel(dense)
+    return partial(_int8_dynamic, weight_t=weight.t().contiguous(), scales=scales.float())
 
 
 def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -92,14 +118,17 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
         "fp32 (MKL)": [partial(_mkl, weight_t=w.t().contiguous()) for w in dense]
     }
     # fp32 activations run scalar code on x86 in both torch ops (their vector paths take bf16).
-    int4 = []
+    int4, blocked = [], []
     for q, scale, offset in parts:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         zeros = offset + 8 * scale  # the op computes (q - 8) * scale + zero
         scales_zeros = torch.stack([scale.t(), zeros.t()], dim=-1).bfloat16().contiguous()
         int4.append(partial(_int4, packed=packed, scales_zeros=scales_zeros))
+        blocked.append(partial(_int4_blocked, packed=packed, scales_zeros=scales_zeros))
     out["int4pack, bf16 x"] = int4
+    out[f"int4pack by {INT4_BLOCK_ROWS} rows"] = blocked
     out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
+    out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []

@@ -50,9 +50,9 @@ def test_int4_rows_do_not_depend_on_what_shares_the_call() -> None:
     tensor, weight = _q4_1_weight(64, 96, seed=5)
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
     linear = int4_linear(packed, scale, offset, DenseLinear(weight.t().contiguous()))
-    x = torch.randn(17, 96)
-    together = linear.mm(x, decode_rows=17)
-    for row in (0, 4, 16):
+    x = torch.randn(40, 96)  # more rows than one int4 call takes (`INT4_BLOCK_ROWS`)
+    together = linear.mm(x, decode_rows=40)
+    for row in (0, 4, 16, 39):
         assert torch.equal(linear.mm(x[row : row + 1], decode_rows=1)[0], together[row])
 
 
