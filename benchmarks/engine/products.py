@@ -28,7 +28,6 @@ import torch
 
 from adapters.local.kernels import load_kernel
 from adapters.local.linear import GROUP, interleave_q4_1, interleave_q4_1_vnni, interleave_q8_0
-from adapters.local.stock_linear import INT4_BLOCK_ROWS
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -53,18 +52,6 @@ def _dense(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.
 
 def _int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, GROUP_SIZE, scales_zeros)
-
-
-def _int4_blocked(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
-    """The engine's decode rows (`stock_linear.Int4Linear`): at most `INT4_BLOCK_ROWS` rows a call."""
-    rows = x.bfloat16()
-    parts = [
-        torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows[i : i + INT4_BLOCK_ROWS], packed, GROUP_SIZE, scales_zeros
-        )
-        for i in range(0, rows.shape[0], INT4_BLOCK_ROWS)
-    ]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -118,15 +105,13 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
         "fp32 (MKL)": [partial(_mkl, weight_t=w.t().contiguous()) for w in dense]
     }
     # fp32 activations run scalar code on x86 in both torch ops (their vector paths take bf16).
-    int4, blocked = [], []
+    int4 = []
     for q, scale, offset in parts:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         zeros = offset + 8 * scale  # the op computes (q - 8) * scale + zero
         scales_zeros = torch.stack([scale.t(), zeros.t()], dim=-1).bfloat16().contiguous()
         int4.append(partial(_int4, packed=packed, scales_zeros=scales_zeros))
-        blocked.append(partial(_int4_blocked, packed=packed, scales_zeros=scales_zeros))
     out["int4pack, bf16 x"] = int4
-    out[f"int4pack by {INT4_BLOCK_ROWS} rows"] = blocked
     out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
     out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
