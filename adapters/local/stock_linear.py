@@ -16,9 +16,10 @@ Both take bf16 activations and give bf16 outputs (their fp32 paths are scalar co
 Measured in `benchmarks/results/engine_quantized.md` (`python -m benchmarks.engine.products`): one
 row's 120 layer products with torch's AVX2 code in 8.8 ms against 19.5 for MKL on fp32. Prompt
 chunks are compute-bound, and there these kernels lose to MKL (512 rows: 0.7-4.4 s against
-0.4-0.6), so prompt rows keep the exact fp32 product. Which rows are which the caller says
-(`decode_rows`: a step's decode rows come first), so a row's arithmetic depends on its own request,
-never on what shares its step.
+0.4-0.6), so prompt rows keep the exact fp32 product, and so do the decode rows of a step with
+more than `INT4_MAX_ROWS` of them. Which rows are which the caller says (`decode_rows`: a step's
+decode rows come first), so up to that many a row's arithmetic depends on its own request, never on
+what shares its step.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ from adapters.local.linear import (
     owned,
 )
 
+INT4_MAX_ROWS = 16
+"""Most decode rows a product takes through the int4 kernel; a step with more (a full batch,
+speculative verification rows) multiplies them all on the exact fp32 copy in MKL, which wins there
+with AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`). Up to
+this many, a row's result does not depend on the rows beside it."""
 INT4_INNER_K_TILES = 1
 """`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
 _ACTIVATIONS = torch.bfloat16
@@ -59,7 +65,7 @@ class Int4Linear:
         return sum(t.numel() * t.element_size() for t in parts) + self.exact.nbytes
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
-        if decode_rows == 0:
+        if decode_rows == 0 or decode_rows > INT4_MAX_ROWS:
             return self.exact.mm(x)
         compact = self._compact(x[:decode_rows])
         if decode_rows == x.shape[0]:
@@ -69,6 +75,8 @@ class Int4Linear:
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
     ) -> None:
+        if decode_rows > INT4_MAX_ROWS:
+            decode_rows = 0  # all rows exact, in one MKL call
         if decode_rows:
             out[:decode_rows].add_(self._compact(x[:decode_rows]))
         if decode_rows < x.shape[0]:

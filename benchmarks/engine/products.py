@@ -63,6 +63,19 @@ def _int8_product(dense: torch.Tensor) -> Product:
     return partial(_int8, weight=weight, scales=scales)
 
 
+def _int8_dynamic(x: torch.Tensor, weight_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int8 activations (per row) times int8 weights (per output) in `torch._int_mm`: what
+    torchao's int8 dynamic-activation config runs on CPU."""
+    row_scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+    q = torch.round(x / row_scale).to(torch.int8)
+    return torch._int_mm(q, weight_t) * row_scale * scales
+
+
+def _int8_dynamic_product(dense: torch.Tensor) -> Product:
+    weight, scales = _per_channel(dense)
+    return partial(_int8_dynamic, weight_t=weight.t().contiguous(), scales=scales.float())
+
+
 def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return x @ weight_t
 
@@ -100,6 +113,7 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
         int4.append(partial(_int4, packed=packed, scales_zeros=scales_zeros))
     out["int4pack, bf16 x"] = int4
     out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
+    out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []

@@ -26,7 +26,7 @@ from adapters.local.loader import LoadedModel, load_model
 from adapters.local.runner import ModelRunner
 from adapters.local.sampling import SamplerState, SamplingParams
 from adapters.local.scheduler import ScheduledStep
-from adapters.local.sequence import Sequence
+from adapters.local.sequence import GenerationJob, Sequence
 from adapters.local.text_stream import TextStream
 from adapters.schema import ChatMessage
 from benchmarks.engine.int8_quality import CONTEXT_FILE, NEW_TOKENS, _first_difference, greedy, prompts
@@ -44,7 +44,8 @@ def perplexity(loaded: LoadedModel, ids: list[int]) -> float:
     runner = ModelRunner(model, pool)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     sampler = SamplerState(params, model.spec.vocab_size, ids, 0)
-    seq = Sequence(None, ids, 0, sampler, TextStream(loaded.tokenizer, ()))  # type: ignore[arg-type]
+    job = GenerationJob(job_id=0, groups=[], params=params, salt="", sink=lambda events: None)
+    seq = Sequence(job, ids, 0, sampler, TextStream(loaded.tokenizer, ()))
     seq.prompt_len = 1
     seq.pages = list(range(pool.num_pages))
     runner.run(ScheduledStep(prefills=[(seq, 1)]))

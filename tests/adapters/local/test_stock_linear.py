@@ -16,7 +16,7 @@ from adapters.local import LocalEngine
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.linear import DenseLinear, dequantize_q8_0, interleave_q4_1
 from adapters.local.loader import LoadedModel, load_model
-from adapters.local.stock_linear import Int4Linear, Int8Head, int4_linear, int8_head
+from adapters.local.stock_linear import INT4_MAX_ROWS, Int4Linear, Int8Head, int4_linear, int8_head
 from tests.adapters.local.conftest import TEST_CONFIG, chat
 from tests.adapters.local.test_equivalence import chat_ids, run
 from tests.adapters.local.test_kernels import _gguf_tensor, _q4_1_weight
@@ -28,7 +28,7 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 33])
+@pytest.mark.parametrize("rows", [1, 3, INT4_MAX_ROWS])
 def test_int4_decode_rows_are_close_and_the_rest_exact(rows: int) -> None:
     tensor, weight = _q4_1_weight(96, 128, seed=rows)
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
@@ -46,13 +46,26 @@ def test_int4_decode_rows_are_close_and_the_rest_exact(rows: int) -> None:
     assert torch.equal(linear.mm(x), x @ weight.t().contiguous())  # no decode rows: exact
 
 
+def test_more_decode_rows_than_the_int4_kernel_takes_are_exact() -> None:
+    """A step of many decode rows (a full batch, verification rows) runs all of them in MKL."""
+    tensor, weight = _q4_1_weight(96, 128, seed=8)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    weight_t = weight.t().contiguous()
+    linear = int4_linear(packed, scale, offset, DenseLinear(weight_t))
+    x = torch.randn(INT4_MAX_ROWS + 3, 128)
+    assert torch.equal(linear.mm(x, decode_rows=INT4_MAX_ROWS + 1), x @ weight_t)
+    into = torch.zeros(x.shape[0], 96)
+    linear.addmm_(into, x, decode_rows=INT4_MAX_ROWS + 1)
+    assert torch.equal(into, torch.zeros(x.shape[0], 96).addmm_(x, weight_t))
+
+
 def test_int4_rows_do_not_depend_on_what_shares_the_call() -> None:
     tensor, weight = _q4_1_weight(64, 96, seed=5)
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
     linear = int4_linear(packed, scale, offset, DenseLinear(weight.t().contiguous()))
-    x = torch.randn(17, 96)
-    together = linear.mm(x, decode_rows=17)
-    for row in (0, 4, 16):
+    x = torch.randn(INT4_MAX_ROWS, 96)
+    together = linear.mm(x, decode_rows=INT4_MAX_ROWS)
+    for row in (0, 4, INT4_MAX_ROWS - 1):
         assert torch.equal(linear.mm(x[row : row + 1], decode_rows=1)[0], together[row])
 
 
