@@ -31,6 +31,8 @@ class EngineRequest:
     """W3C trace-context headers to propagate upstream (`traceparent`, `tracestate`)."""
     prompt_token_ids: list[int] | None = None
     """Token ids of the (chat-templated) prompt when the gateway has tokenized it."""
+    speculation: bool | None = None
+    """`enable_speculation` of a `/v1/cached/*` request; None: the engine's own default."""
 
     @property
     def model(self) -> str:

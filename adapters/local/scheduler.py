@@ -131,6 +131,23 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
 
+    def reserve_draft(self, seq: Sequence, tokens: int) -> int:
+        """Slots for up to `tokens` draft tokens after `seq`'s next one, from free pages only (a
+        draft never evicts or preempts); returns how many fit."""
+        ps = self.page_size
+        want = -(-(seq.num_computed + tokens + 1) // ps) - len(seq.pages)
+        if want > 0:
+            pages = self.pool.alloc(min(want, self.pool.free_pages))
+            seq.pages.extend(pages or [])
+        return min(tokens, len(seq.pages) * ps - seq.num_computed - 1)
+
+    def trim_pages(self, seq: Sequence) -> None:
+        """Release the pages past `seq`'s next slot: what a rejected draft's tokens were written to."""
+        keep = seq.num_computed // self.page_size + 1
+        if len(seq.pages) > keep:
+            self.pool.release(seq.pages[keep:])
+            del seq.pages[keep:]
+
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """The runner computed `step` in `seconds`: the prefill speed the KV offload weighs loads by."""
         self.cache.observe_prefill(sum(chunk for _, chunk in step.prefills), seconds)
