@@ -75,6 +75,8 @@ class EngineStats:
     """Nodes of the prefix cache's radix tree (distinct cached prefix segments)."""
     kv_bytes_per_token: int
     """K and V bytes of one token, every layer."""
+    speculation: SpeculationFigures | None = None
+    """Speculative decoding's counters since start; None when no draft source runs."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -387,4 +389,5 @@ class EngineCore:
             inter_token_latency=self._inter_token.figures(),
             cache_nodes=self.cache.node_count,
             kv_bytes_per_token=pool.page_nbytes // pool.page_size,
+            speculation=self.drafter.figures() if self.drafter is not None else None,
         )
