@@ -109,11 +109,24 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int | None = None
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    accepted_prediction_tokens: int | None = None
+    """Predicted (speculative draft) tokens that appeared in the answer."""
+    rejected_prediction_tokens: int | None = None
+
+
 class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+    @property
+    def accepted_prediction_tokens(self) -> int:
+        """Speculative draft tokens the engine accepted for this answer (0 when it did not say)."""
+        details = self.completion_tokens_details
+        return (details.accepted_prediction_tokens or 0) if details is not None else 0
 
     @property
     def cached_tokens(self) -> int | None:

@@ -53,6 +53,7 @@ DEFAULT_KV_SHUTDOWN_FLUSH_S = 10.0
 CACHE_DIR_ENV = "RADIXGATE_CACHE_DIR"
 DRAFT_SOURCES = ("radix", "prompt")
 """Speculative decoding's draft sources (`adapters.local.drafts`), in the order they are tried."""
+DEFAULT_SPECULATIVE = True
 DEFAULT_MAX_DRAFT_TOKENS = 8
 MAX_DRAFT_TOKENS = 32
 
@@ -156,7 +157,7 @@ class LocalEngineConfig:
     """At shutdown, seconds allowed for writing the cached pages not yet on disk and finishing the
     queued writes (`cache.shutdown_flush_s` sets it); what is left then is recomputed after restart."""
 
-    speculative: bool = True
+    speculative: bool = DEFAULT_SPECULATIVE
     """Speculative decoding for greedy requests that do not say (`enable_speculation` on
     `/v1/cached/*` overrides it per request): draft tokens from the request's own prompt and output
     and from the prefix cache's tree, verified several a step; the tokens are those greedy decoding

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from adapters.local.config import DRAFT_SOURCES
 from adapters.local.prefix_cache import PrefixCache
 
-NGRAM_SIZES = (8, 5, 3, 2)
+NGRAM_SIZES = (5, 4, 3, 2)
 """Suffix lengths prompt lookup matches, longest first (a 1-token match drafts mostly noise)."""
 FIRST_DRAFT_TOKENS = 4
 """A sequence's first draft length, before it has an acceptance record."""
