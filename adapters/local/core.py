@@ -299,7 +299,9 @@ class EngineCore:
             if all(s.status is Status.FINISHED for s in seqs):
                 del self._jobs[job_id]
 
-    def _advance(self, seq: Sequence, logits: torch.Tensor, argmax: list[int], first: int) -> list[ChoiceDelta]:
+    def _advance(
+        self, seq: Sequence, logits: torch.Tensor, argmax: list[int], first: int
+    ) -> list[ChoiceDelta]:
         """Sample `seq`'s next token from row `first`; with a draft, go on down its rows while the
         model agrees with it: the longest agreeing prefix plus the model's own next token. Rejected
         draft tokens leave K/V past `num_computed` only, in pages released here."""

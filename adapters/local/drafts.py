@@ -133,7 +133,9 @@ class Drafter:
         """A new sequence's drafting state."""
         return DraftState(max_tokens=self.max_draft_tokens)
 
-    def propose(self, state: DraftState, salt: str, tokens: list[int], output_len: int, room: int) -> list[int]:
+    def propose(
+        self, state: DraftState, salt: str, tokens: list[int], output_len: int, room: int
+    ) -> list[int]:
         """Up to `min(state.length, room)` tokens to verify after `tokens`; empty while paused or
         when no source has anything."""
         limit = min(state.length, room)

@@ -72,7 +72,9 @@ def _figures(engine: LocalEngine) -> SpeculationFigures:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false")
@@ -123,7 +125,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sets": {},
     }
-    print(f"| set | off tok/s | on tok/s | on/off | identical | accepted/drafted by source |")
+    print("| set | off tok/s | on tok/s | on/off | identical | accepted/drafted by source |")
     print("|---|---|---|---|---|---|")
     for name in (*sets, "repeat") if "fresh" in sets else sets:
         off, on = tallies[(name, "off")], tallies[(name, "on")]

@@ -3,7 +3,7 @@ nothing to copy. Written for this benchmark (code edits, extraction, quoting, re
 
 from __future__ import annotations
 
-_CODE = '''def load_orders(path):
+_CODE = """def load_orders(path):
     orders = []
     with open(path) as handle:
         for line in handle:
@@ -17,9 +17,9 @@ def total_by_customer(orders):
     for order in orders:
         totals[order["customer"]] = totals.get(order["customer"], 0.0) + order["amount"]
     return totals
-'''
+"""
 
-_CLASS = '''class Counter:
+_CLASS = """class Counter:
     def __init__(self, start=0):
         self.value = start
 
@@ -29,7 +29,7 @@ _CLASS = '''class Counter:
 
     def reset(self):
         self.value = 0
-'''
+"""
 
 _LETTER = (
     "Dear Ms. Alvarez,\n\nThank you for your order of three ceramic bowls and one teapot, placed on "

@@ -18,9 +18,10 @@ the body on the way in and decorates the answer on the way out.
 Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
 this answer (all of them on a response-cache hit, else the engine's reported prefix-cache tokens);
 `cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
-`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits` is
-the draft tokens the engine accepted for it (`usage.completion_tokens_details.accepted_prediction_tokens`;
-0 on a response-cache hit); `window_reuse` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
+`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits`
+is the draft tokens the engine accepted for it (its
+`usage.completion_tokens_details.accepted_prediction_tokens`; 0 on a response-cache hit);
+`window_reuse` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
 replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
 response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
 `total_time_ms` (null when the answer reports no usage).
@@ -81,7 +82,9 @@ def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHa
         extras, body = split_extras(request.body)
         request_id = extras.request_id.encode() if extras.request_id is not None else request.request_id
         cached = CachedCall(
-            enable_caching=extras.enable_caching, label=extras.cache_key, speculation=extras.enable_speculation
+            enable_caching=extras.enable_caching,
+            label=extras.cache_key,
+            speculation=extras.enable_speculation,
         )
         call = GenerationCall(operation, body, request.tenant, request_id, request.cache_control, cached)
         await answer(

@@ -14,7 +14,8 @@
 Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
 take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]`'s `enabled`,
 `max_draft_tokens` and `draft_sources` drive the embedded engine's speculative decoding; its sampling
-keys and `[sliding_window]` are parsed and validated, but not implemented: `/v1/cache/stats` says so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
+keys and `[sliding_window]` are parsed and validated, but not implemented: `/v1/cache/stats` says
+so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
 """
 
 from __future__ import annotations

@@ -133,7 +133,11 @@ class EngineSeries:
                 counter.add_metric([worker_id], float(read(figures)))
             yield counter
         yield from _speculation_series(
-            [(worker.id, f) for worker in self._workers() if (f := engine_speculation(worker.engine)) is not None]
+            [
+                (worker.id, f)
+                for worker in self._workers()
+                if (f := engine_speculation(worker.engine)) is not None
+            ]
         )
         for name, documentation, read_latency in _HISTOGRAMS:
             histogram = HistogramMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])

@@ -64,7 +64,9 @@ def test_enable_speculation_per_request_changes_no_token(gateway: GatewayServer)
         sdk = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=48, temperature=0)
     assert spec["choices"][0]["text"] == plain["choices"][0]["text"] == off["choices"][0]["text"]
     hits = spec["cache_stats"]["speculation_hits"]
-    assert hits > 0 and plain["cache_stats"]["speculation_hits"] == off["cache_stats"]["speculation_hits"] == 0
+    assert (
+        hits > 0 and plain["cache_stats"]["speculation_hits"] == off["cache_stats"]["speculation_hits"] == 0
+    )
     details = spec["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] == hits
     assert "completion_tokens_details" not in plain["usage"]

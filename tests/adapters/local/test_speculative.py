@@ -91,7 +91,9 @@ def test_speculation_keeps_what_reads_each_token(
     assert all(len(g.token_ids) <= params.max_tokens for g in spec)
 
 
-def test_radix_tree_drafts_an_earlier_answer(make_engine: Callable[..., LocalEngine], loaded: LoadedModel) -> None:
+def test_radix_tree_drafts_an_earlier_answer(
+    make_engine: Callable[..., LocalEngine], loaded: LoadedModel
+) -> None:
     engine = make_engine(draft_sources=("radix",))
     prompt = chat_ids(loaded, QUESTIONS[2])
     first = run(engine, [prompt], speculate=False)[0]
