@@ -25,22 +25,19 @@ import torch
 from adapters.engine_stats import INTER_TOKEN_BUCKETS, LatencyFigures, LatencyHistogram
 from adapters.errors import EngineError, EngineOverloaded
 from adapters.local.drafts import Drafter, SpeculationFigures
-from adapters.local.linear import FUSED_MAX_ROWS
+from adapters.local.emit import TokenEmitter, can_speculate
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
 from adapters.local.sampling import SamplerState, bias_greedy_rows
 from adapters.local.scheduler import ScheduledStep, Scheduler
-from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, Sequence, Status
+from adapters.local.sequence import GenerationJob, JobEvent, JobFailed, Sequence, Status
 from adapters.local.text_stream import TextStream
 from adapters.local.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
 _STATS_INTERVAL_S = 0.1
-MAX_DECODE_ROWS = FUSED_MAX_ROWS
-"""Decode rows a step may grow to with draft tokens: within the exact kernel's rows per call, so a
-draft row is computed as it would be as the sequence's next decode row."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,6 +98,7 @@ class EngineCore:
         """`drafter`: speculative decoding's draft source for the jobs that ask for it; None: off."""
         self.runner = runner
         self.drafter = drafter
+        self.emitter = TokenEmitter(scheduler, tokenizer.eos_id, max_context, drafter)
         self.cache = cache
         self.scheduler = scheduler
         self.tokenizer = tokenizer
@@ -181,7 +179,7 @@ class EngineCore:
                 self._wake.wait(write_in)  # woken by work, or when the next page is due for disk
                 continue
             step = self.scheduler.schedule()
-            self._draft(step)
+            self.emitter.draft(step)
             self._queued_update()
             if not step.decodes and not step.prefills:
                 self._publish_stats(force=True)
@@ -236,7 +234,7 @@ class EngineCore:
                 index = group.first_index + offset
                 sampler = SamplerState(job.params, self.runner.model.spec.vocab_size, group.prompt, index)
                 seq = Sequence(job, group.prompt, index, sampler, TextStream(self.tokenizer, job.params.stop))
-                if self.drafter is not None and job.speculate and job.params.greedy:
+                if self.drafter is not None and job.speculate and can_speculate(job.params):
                     seq.spec = self.drafter.state()
                 seqs.append(seq)
                 if leader is None:
@@ -251,21 +249,6 @@ class EngineCore:
         waiting_jobs = {s.job.job_id for s in self.scheduler.waiting}
         with self._lock:
             self._queued = len(self._inbox) + len(waiting_jobs)
-
-    def _draft(self, step: ScheduledStep) -> None:
-        """Give each decoding sequence that speculates its draft for this step, within the step's
-        verification rows (`MAX_DECODE_ROWS`), its token limit and the context."""
-        if self.drafter is None:
-            return
-        budget = MAX_DECODE_ROWS - len(step.decodes)
-        for seq in step.decodes:
-            if seq.spec is None or budget <= 0:
-                continue
-            room = min(seq.params.max_tokens - seq.output_len, self.max_context - len(seq.tokens)) - 1
-            draft = self.drafter.propose(seq.spec, seq.salt, seq.tokens, seq.output_len, min(room, budget))
-            if draft:
-                seq.draft = draft[: self.scheduler.reserve_draft(seq, len(draft))]
-                budget -= len(seq.draft)
 
     def _postprocess(self, step: ScheduledStep, output: StepOutput) -> None:
         for seq, _ in step.prefills:
@@ -284,7 +267,7 @@ class EngineCore:
                 if member.output_len:
                     self._inter_token.observe(now - member.last_token_at)
                 member.last_token_at = now
-                deltas = self._advance(member, output.logits, argmax, first)
+                deltas = self.emitter.advance(member, output.logits, argmax, first)
                 events.setdefault(member.job.job_id, []).extend(deltas)
                 started = started or member.output_len == len(deltas)
                 finished = finished or deltas[-1].finish_reason is not None
@@ -298,59 +281,6 @@ class EngineCore:
             seqs[0].job.sink(items)
             if all(s.status is Status.FINISHED for s in seqs):
                 del self._jobs[job_id]
-
-    def _advance(
-        self, seq: Sequence, logits: torch.Tensor, argmax: list[int], first: int
-    ) -> list[ChoiceDelta]:
-        """Sample `seq`'s next token from row `first`; with a draft, go on down its rows while the
-        model agrees with it: the longest agreeing prefix plus the model's own next token. Rejected
-        draft tokens leave K/V past `num_computed` only, in pages released here."""
-        draft, seq.draft = seq.draft, []
-        deltas: list[ChoiceDelta] = []
-        for offset in range(len(draft) + 1):
-            seq.num_computed = len(seq.tokens)  # the K/V of the accepted draft tokens is in place
-            delta = self._sample(seq, logits[first + offset], argmax[first + offset])
-            deltas.append(delta)
-            if delta.finish_reason is not None or offset == len(draft) or delta.token_id != draft[offset]:
-                break
-        if draft and seq.spec is not None and self.drafter is not None:
-            accepted = sum(d.token_id == t for d, t in zip(deltas, draft, strict=False))
-            self.drafter.settle(seq.spec, len(draft), accepted, len(deltas), seq.output_len)
-            if seq.status is not Status.FINISHED:
-                self.scheduler.trim_pages(seq)
-        if deltas[-1].finish_reason is not None and seq.spec is not None:
-            deltas[-1].accepted_drafts, deltas[-1].rejected_drafts = seq.spec.accepted, seq.spec.rejected
-        return deltas
-
-    def _sample(self, seq: Sequence, logits: torch.Tensor, argmax: int) -> ChoiceDelta:
-        params = seq.params
-        if params.batched_greedy:
-            token, logprob = argmax, None
-        else:
-            picked = seq.sampler.sample(logits)
-            token, logprob = picked.token_id, picked.logprob
-        seq.tokens.append(token)
-        seq.sampler.observe(token)
-        delta = ChoiceDelta(
-            index=seq.choice_index, token_id=token, logprobs=[logprob] if logprob is not None else []
-        )
-        reason: str | None = None
-        if token == self.tokenizer.eos_id or token in params.stop_token_ids:
-            reason = "stop"
-            delta.text = seq.text.finish()
-        else:
-            delta.text, stopped = seq.text.push(token)
-            if stopped:
-                reason = "stop"
-            elif seq.output_len >= params.max_tokens or len(seq.tokens) >= self.max_context:
-                reason = "length"
-                delta.text += seq.text.finish()
-        if reason is not None:
-            self.scheduler.finish(seq, keep_kv=True)
-            delta.finish_reason = reason
-            delta.completion_tokens = seq.output_len
-            delta.cached_tokens = seq.cached_tokens if seq.reports_cache else 0
-        return delta
 
     def _fail_all(self, error: EngineError) -> None:
         for seqs in list(self._jobs.values()):

@@ -129,3 +129,14 @@ def test_torch_kernels_give_the_same_tokens_with_speculation(loaded: LoadedModel
         assert sum(g.accepted_drafts for g in spec) > 0
     finally:
         engine.close_sync()
+
+
+def test_sampled_requests_speculate_unless_seeded(engine: LocalEngine, loaded: LoadedModel) -> None:
+    prompt = chat_ids(loaded, QUESTIONS[1])
+    sampled = run(engine, [prompt], speculate=True, params=SamplingParams(max_tokens=40, temperature=0.3))[0]
+    assert len(sampled.token_ids) == 40 or sampled.finish_reason == "stop"
+    assert sampled.accepted_drafts > 0  # a low temperature copies the text, and takes the drafts
+    seeded = SamplingParams(max_tokens=20, temperature=0.8, seed=5)
+    with_seed = run(engine, [prompt], speculate=True, params=seeded)[0]
+    assert with_seed.accepted_drafts == 0
+    assert with_seed.token_ids == run(engine, [prompt], speculate=False, params=seeded)[0].token_ids
