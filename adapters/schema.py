@@ -59,6 +59,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    use_beam_search: bool = False
+    """vLLM's beam search: `n` beams, the choices ranked best first."""
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
     # Cache salts are the gateway's to set. Decoding them here catches a client's value however its
     # key is spelled in JSON (`"cache\\u005fsalt"`), so the proxy can drop it (`has_client_salt`).
     cache_salt: Any = msgspec.UNSET

@@ -55,6 +55,7 @@ DRAFT_SOURCES = ("radix", "prompt")
 """Speculative decoding's draft sources (`adapters.local.drafts`), in the order they are tried."""
 DEFAULT_SPECULATIVE = True
 DEFAULT_MAX_DRAFT_TOKENS = 8
+DEFAULT_BEAM_WIDTH = 8
 MAX_DRAFT_TOKENS = 32
 
 
@@ -168,6 +169,9 @@ class LocalEngineConfig:
     """Which draft sources run: "radix" (what earlier requests went on with after the same
     context) and "prompt" (prompt lookup: n-gram matches in the request's own tokens)."""
 
+    beam_width: int = DEFAULT_BEAM_WIDTH
+    """Most beams a `use_beam_search` request may ask for (its `n`); `speculative.beam_width` sets it."""
+
     def resolved_cache_dir(self) -> Path:
         """The weights cache directory after config, environment and default."""
         if self.cache_dir is not None:
@@ -203,6 +207,8 @@ class LocalEngineConfig:
             raise ValueError("kv_write_behind_after_s must be >= 0")
         if self.kv_shutdown_flush_s < 0:
             raise ValueError("kv_shutdown_flush_s must be >= 0")
+        if self.beam_width < 1:
+            raise ValueError("beam_width must be >= 1")
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"max_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}]")
         unknown = sorted(set(self.draft_sources) - set(DRAFT_SOURCES))

@@ -24,6 +24,8 @@ import torch
 
 from adapters.engine_stats import INTER_TOKEN_BUCKETS, LatencyFigures, LatencyHistogram
 from adapters.errors import EngineError, EngineOverloaded
+from adapters.local.beam_group import BeamGroup
+from adapters.local.beams import BeamState
 from adapters.local.drafts import Drafter, SpeculationFigures
 from adapters.local.emit import TokenEmitter, can_speculate
 from adapters.local.loader import release_heap
@@ -74,6 +76,10 @@ class EngineStats:
     """K and V bytes of one token, every layer."""
     speculation: SpeculationFigures | None = None
     """Speculative decoding's counters since start; None when no draft source runs."""
+    beam_searches: int = 0
+    """Beam searches finished since start."""
+    beam_early_stops: int = 0
+    """Of those, searches that stopped before `max_tokens` (early stopping)."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -114,6 +120,7 @@ class EngineCore:
         self._queued = 0
         self._stopping = False
         self._inter_token = LatencyHistogram(INTER_TOKEN_BUCKETS)
+        self._beam_searches = self._beam_early_stops = 0
         self._stats = self._snapshot()
         self._stats_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="radixgate-local-engine", daemon=True)
@@ -241,8 +248,11 @@ class EngineCore:
                     leader = seq
                     seq.reports_cache = True
                     self.scheduler.add(seq)
+                    if job.params.beam_search:
+                        seq.beam = BeamGroup(seq, BeamState.of(job.params, group.n))
                 else:
                     leader.forks.append(seq)
+                    seq.beam = leader.beam
         self._jobs[job.job_id] = seqs
 
     def _queued_update(self) -> None:
@@ -259,7 +269,22 @@ class EngineCore:
         bias_greedy_rows(output.logits, row_params)
         argmax = output.logits.argmax(dim=-1).tolist()
         now = time.monotonic()
+        rows = {seq.seq_id: first for seq, first in zip(output.sampled, output.first_rows, strict=True)}
+        searched: set[int] = set()
         for seq, first in zip(output.sampled, output.first_rows, strict=True):
+            beams = seq.beam
+            if beams is not None:  # the whole group's rows at once, the first time one of its beams comes up
+                if id(beams) not in searched:
+                    searched.add(id(beams))
+                    choices = beams.advance(
+                        rows, output.logits, self.scheduler, self.tokenizer, self.max_context
+                    )
+                    if choices:
+                        self._beam_searches += 1
+                        self._beam_early_stops += beams.state.stopped_early
+                        events.setdefault(seq.job.job_id, []).extend(choices)
+                        finished = True
+                continue
             group = [seq]
             if seq.forks and seq.output_len == 0:
                 group += self.scheduler.fork(seq)
@@ -322,4 +347,6 @@ class EngineCore:
             cache_nodes=self.cache.node_count,
             kv_bytes_per_token=pool.page_nbytes // pool.page_size,
             speculation=self.drafter.figures() if self.drafter is not None else None,
+            beam_searches=self._beam_searches,
+            beam_early_stops=self._beam_early_stops,
         )

@@ -33,8 +33,8 @@ draft row is computed as it would be as the sequence's next decode row."""
 
 
 def can_speculate(params: SamplingParams) -> bool:
-    """Greedy requests, and sampled ones without a seed (see the module's docstring)."""
-    return params.greedy or params.seed is None
+    """Greedy requests, and sampled ones without a seed (see the module's docstring); not beams."""
+    return not params.beam_search and (params.greedy or params.seed is None)
 
 
 class TokenEmitter:

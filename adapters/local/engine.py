@@ -183,6 +183,7 @@ class LocalEngine:
             pool_tokens=num_pages * cfg.page_size,
             page_size=cfg.page_size,
             max_n=cfg.max_running,
+            max_beam_width=min(cfg.beam_width, cfg.max_running),
         )
         return _Loaded(
             core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload

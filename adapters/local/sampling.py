@@ -42,6 +42,11 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    beam_search: bool = False
+    """vLLM's `use_beam_search`: `n` beams (`adapters.local.beams`) instead of `n` samples."""
+    length_penalty: float = 1.0
+    """Beam search ranks hypotheses by `logprob / length ** length_penalty`."""
+    early_stopping: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from adapters.engine_stats import QUEUE_TIME_BUCKETS, LatencyHistogram
+from adapters.errors import EngineError
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
@@ -118,6 +119,28 @@ class Scheduler:
             self._start(child)
         self.pool.release(reserved)
         return children
+
+    def rebase(self, seq: Sequence, onto: Sequence) -> None:
+        """Give `seq` the KV of `onto` (a beam taking over a dropped one's sequence, running again
+        if it had finished): whole pages shared, copy-on-write, the partial last page copied.
+        Tokens are the caller's."""
+        full = onto.num_computed // self.page_size
+        shared = onto.pages[:full]
+        self.pool.retain(shared)
+        copy = self._alloc(1) if onto.num_computed % self.page_size else []
+        if copy is None:
+            self.pool.release(shared)
+            raise EngineError("the KV pool has no page left for a beam's copy")
+        if copy:
+            self.pool.copy_page(onto.pages[full], copy[0])
+        self._release(seq)
+        seq.pages = shared + copy
+        seq.num_computed = onto.num_computed
+        seq.lock = onto.lock
+        if seq.lock is not None:
+            self.cache.lock(seq.lock)
+        if seq.status is Status.FINISHED:
+            self._start(seq)
 
     def finish(self, seq: Sequence, *, keep_kv: bool) -> None:
         """Take `seq` out; with `keep_kv` its computed tokens go into the prefix cache first."""

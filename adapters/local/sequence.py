@@ -16,9 +16,13 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from adapters.errors import EngineError
 from adapters.local.drafts import DraftState
+
+if TYPE_CHECKING:
+    from adapters.local.beam_group import BeamGroup
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
 from cachelayer.radix import RadixNode
@@ -94,6 +98,7 @@ class Sequence:
 
     __slots__ = (
         "admitted_at",
+        "beam",
         "cached_tokens",
         "choice_index",
         "draft",
@@ -140,6 +145,8 @@ class Sequence:
         """The radix node locked while this sequence uses the cached pages under it."""
         self.forks: list[Sequence] = []
         """Sibling choices waiting for this sequence's prompt KV."""
+        self.beam: BeamGroup | None = None
+        """The beam search this sequence is a beam of (`adapters.local.beam_group`)."""
         self.spec: DraftState | None = None
         """Drafting state, for a sequence that speculates."""
         self.draft: list[int] = []

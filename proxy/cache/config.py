@@ -269,7 +269,9 @@ def local_engine_config(settings: Settings) -> LocalEngineConfig:
     engine's flush of pages to disk at shutdown; `[speculative]`'s keys, where set, replace the
     engine's own speculative decoding settings."""
     spec = cache_config(settings).speculative
-    engine = replace(settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s)
+    engine = replace(
+        settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s, beam_width=spec.beam_width
+    )
     if spec.enabled is not None:
         engine = replace(engine, speculative=spec.enabled)
     if spec.max_draft_tokens is not None:

@@ -68,13 +68,26 @@ class EngineSpeculation(Protocol):
 @runtime_checkable
 class _ReportsSpeculation(Protocol):
     speculation: EngineSpeculation | None
+    beam_searches: int
+    beam_early_stops: int
 
 
 def engine_speculation(engine: object) -> EngineSpeculation | None:
     """An engine's speculation figures, None when it reports none."""
+    figures = _speculating(engine)
+    return figures.speculation if figures is not None else None
+
+
+def engine_beam_searches(engine: object) -> tuple[int, int]:
+    """An engine's beam searches and those that stopped early ((0, 0) when it reports none)."""
+    figures = _speculating(engine)
+    return (figures.beam_searches, figures.beam_early_stops) if figures is not None else (0, 0)
+
+
+def _speculating(engine: object) -> _ReportsSpeculation | None:
     stats = getattr(engine, "stats", None)
     figures = stats() if callable(stats) else None
-    return figures.speculation if isinstance(figures, _ReportsSpeculation) else None
+    return figures if isinstance(figures, _ReportsSpeculation) else None
 
 
 _GAUGES: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (

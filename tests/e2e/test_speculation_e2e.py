@@ -98,3 +98,35 @@ def test_enable_speculation_must_be_a_boolean(gateway: GatewayServer) -> None:
         json={"model": MODEL, "prompt": "x", "max_tokens": 2, "enable_speculation": "yes"},
     )
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "enable_speculation"
+
+
+def test_beam_search_through_the_sdk(gateway: GatewayServer) -> None:
+    """vLLM's extension shape: `use_beam_search` with `n` beams (capped by `[speculative] beam_width`,
+    2 in the development preset), on both endpoints; the choices come back best first."""
+    with openai.OpenAI(base_url=gateway.url, api_key="k", max_retries=0, timeout=60) as client:
+        beams = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, n=2, extra_body={"use_beam_search": True}
+        )
+        again = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, n=2, extra_body={"use_beam_search": True}
+        )
+        chat = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=8,
+            n=1,
+            extra_body={"use_beam_search": True, "length_penalty": 0.0, "early_stopping": True},
+        )
+        greedy = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=8, temperature=0
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(
+                model=MODEL, prompt="x", max_tokens=2, n=3, extra_body={"use_beam_search": True}
+            )
+    assert [c.index for c in beams.choices] == [0, 1]
+    assert [c.text for c in beams.choices] == [c.text for c in again.choices]
+    assert chat.choices[0].message.content == greedy.choices[0].message.content  # width 1 is greedy
+    assert refused.value.status_code == 400 and "beam_width" in refused.value.message
+    stats = httpx.get(f"{gateway.url}/cache/stats").json()["cache_manager"]["speculation"]
+    assert stats["beam_searches"] >= 3 and stats["early_stops"] >= stats["beam_early_stops"]
