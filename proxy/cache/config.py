@@ -123,8 +123,8 @@ class KvCacheConfig:
 class SpeculativeConfig:
     """`[speculative]`: `enabled`, `max_draft_tokens` and `draft_sources`, where set, replace the
     embedded engine's own `local_engine.speculative`, `max_draft_tokens` and `draft_sources`
-    (`local_engine_config`; None: the engine's setting); the sampling keys are parsed and
-    validated only."""
+    (`local_engine_config`; None: the engine's setting); `beam_width` caps its beam searches' `n`;
+    the sampling keys are parsed and validated only."""
 
     beam_width: int
     temperature: float
