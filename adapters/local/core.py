@@ -293,6 +293,8 @@ class EngineCore:
                     self._inter_token.observe(now - member.last_token_at)
                 member.last_token_at = now
                 deltas = self.emitter.advance(member, output.logits, argmax, first)
+                for _ in deltas[1:]:  # accepted draft tokens arrive with the step's first one
+                    self._inter_token.observe(0.0)
                 events.setdefault(member.job.job_id, []).extend(deltas)
                 started = started or member.output_len == len(deltas)
                 finished = finished or deltas[-1].finish_reason is not None
