@@ -46,6 +46,8 @@ class EngineRequest:
     """Token ids of the (chat-templated) prompt when the gateway has tokenized it."""
     route: RouteHint | None = None
     """The front door's routing hint (None: the policy alone decides)."""
+    speculation: bool | None = None
+    """`enable_speculation` of a `/v1/cached/*` request; None: the engine's own default."""
 
     @property
     def model(self) -> str:

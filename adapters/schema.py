@@ -59,6 +59,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    use_beam_search: bool = False
+    """vLLM's beam search: `n` beams, the choices ranked best first."""
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
     # Cache salts are the gateway's to set. Decoding them here catches a client's value however its
     # key is spelled in JSON (`"cache\\u005fsalt"`), so the proxy can drop it (`has_client_salt`).
     cache_salt: Any = msgspec.UNSET
@@ -140,11 +144,24 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int | None = None
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    accepted_prediction_tokens: int | None = None
+    """Predicted (speculative draft) tokens that appeared in the answer."""
+    rejected_prediction_tokens: int | None = None
+
+
 class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+    @property
+    def accepted_prediction_tokens(self) -> int:
+        """Speculative draft tokens the engine accepted for this answer (0 when it did not say)."""
+        details = self.completion_tokens_details
+        return (details.accepted_prediction_tokens or 0) if details is not None else 0
 
     @property
     def cached_tokens(self) -> int | None:

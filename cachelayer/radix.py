@@ -183,6 +183,33 @@ class RadixTree(Generic[V]):
             node = child
         return MatchResult(length=pos // TOKEN_BYTES, values=values, node=deepest)
 
+    def continuation(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens the tree holds right after the whole of ``tokens`` (which need not
+        end on a page), along the most recently used branch; empty when the tree does not hold
+        ``tokens``. A read only: access times stay as they are (a speculative draft is not a use).
+        """
+        query = pack_tokens(tokens, len(tokens))
+        node, pos, used = self._root, 0, 0
+        while pos < len(query):
+            rest = len(query) - pos
+            if rest >= self._page_bytes:
+                child = node.children.get(query[pos : pos + self._page_bytes])
+            else:  # a partial last page: the child whose first page starts with it
+                tail = query[pos:]
+                child = next((c for key, c in node.children.items() if key.startswith(tail)), None)
+            if child is None:
+                return []
+            used = min(len(child.key), rest)
+            if not query.startswith(child.key[:used], pos):
+                return []
+            pos += used
+            node = child
+        out = bytearray(node.key[used:])
+        while len(out) < limit * TOKEN_BYTES and node.children:
+            node = max(node.children.values(), key=self._last_access)
+            out += node.key
+        return list(unpack_tokens(bytes(out[: limit * TOKEN_BYTES])))
+
     def insert(self, tokens: Sequence[int], values: Sequence[V] | None = None) -> int:
         """Insert the whole pages of ``tokens``; returns how many leading tokens were already present.
 

@@ -80,7 +80,7 @@ def create_app(
     app = Litestar(
         route_handlers=[
             *route_handlers(gateway, pipeline),
-            *cached_handlers(pipeline, max_body),
+            *cached_handlers(pipeline, max_body, cache.config.speculative),
             *responses_handlers(gateway, pipeline, responses, max_body),
             *admin_handlers(gateway, cache),
             telemetry.metrics_handler,

@@ -120,6 +120,7 @@ class Pipeline:
             tenant.id,
             tenant.cache_salt,
             route=call.route,
+            speculation=call.cached.speculation if call.cached is not None else None,
         )
         headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode()), *admission.headers]
         spent = Spent()

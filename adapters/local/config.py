@@ -51,6 +51,12 @@ DEFAULT_KV_OFFLOAD_MIN_SPEEDUP = 1.0
 DEFAULT_KV_WRITE_BEHIND_AFTER_S = 2.0
 DEFAULT_KV_SHUTDOWN_FLUSH_S = 10.0
 CACHE_DIR_ENV = "RADIXGATE_CACHE_DIR"
+DRAFT_SOURCES = ("radix", "prompt")
+"""Speculative decoding's draft sources (`adapters.local.drafts`), in the order they are tried."""
+DEFAULT_SPECULATIVE = True
+DEFAULT_MAX_DRAFT_TOKENS = 8
+DEFAULT_BEAM_WIDTH = 8
+MAX_DRAFT_TOKENS = 32
 
 
 class UnsupportedModelError(ValueError):
@@ -152,6 +158,20 @@ class LocalEngineConfig:
     """At shutdown, seconds allowed for writing the cached pages not yet on disk and finishing the
     queued writes (`cache.shutdown_flush_s` sets it); what is left then is recomputed after restart."""
 
+    speculative: bool = DEFAULT_SPECULATIVE
+    """Speculative decoding for greedy requests that do not say (`enable_speculation` on
+    `/v1/cached/*` overrides it per request): draft tokens from the request's own prompt and output
+    and from the prefix cache's tree, verified several a step; the tokens are those greedy decoding
+    gives without it (`adapters.local.drafts`)."""
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS
+    """Most draft tokens one sequence verifies in one step (its draft length adapts below this)."""
+    draft_sources: tuple[str, ...] = DRAFT_SOURCES
+    """Which draft sources run: "radix" (what earlier requests went on with after the same
+    context) and "prompt" (prompt lookup: n-gram matches in the request's own tokens)."""
+
+    beam_width: int = DEFAULT_BEAM_WIDTH
+    """Most beams a `use_beam_search` request may ask for (its `n`); `speculative.beam_width` sets it."""
+
     def resolved_cache_dir(self) -> Path:
         """The weights cache directory after config, environment and default."""
         if self.cache_dir is not None:
@@ -187,3 +207,10 @@ class LocalEngineConfig:
             raise ValueError("kv_write_behind_after_s must be >= 0")
         if self.kv_shutdown_flush_s < 0:
             raise ValueError("kv_shutdown_flush_s must be >= 0")
+        if self.beam_width < 1:
+            raise ValueError("beam_width must be >= 1")
+        if not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"max_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}]")
+        unknown = sorted(set(self.draft_sources) - set(DRAFT_SOURCES))
+        if unknown:
+            raise ValueError(f"draft_sources must be among {list(DRAFT_SOURCES)}, not {unknown}")

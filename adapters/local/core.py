@@ -24,12 +24,16 @@ import torch
 
 from adapters.engine_stats import INTER_TOKEN_BUCKETS, LatencyFigures, LatencyHistogram
 from adapters.errors import EngineError, EngineOverloaded
+from adapters.local.beam_group import BeamGroup
+from adapters.local.beams import BeamState
+from adapters.local.drafts import Drafter, SpeculationFigures
+from adapters.local.emit import TokenEmitter, can_speculate
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
 from adapters.local.sampling import SamplerState, bias_greedy_rows
 from adapters.local.scheduler import ScheduledStep, Scheduler
-from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, Sequence, Status
+from adapters.local.sequence import GenerationJob, JobEvent, JobFailed, Sequence, Status
 from adapters.local.text_stream import TextStream
 from adapters.local.tokenizer import TextTokenizer
 
@@ -70,6 +74,12 @@ class EngineStats:
     """Nodes of the prefix cache's radix tree (distinct cached prefix segments)."""
     kv_bytes_per_token: int
     """K and V bytes of one token, every layer."""
+    speculation: SpeculationFigures | None = None
+    """Speculative decoding's counters since start; None when no draft source runs."""
+    beam_searches: int = 0
+    """Beam searches finished since start."""
+    beam_early_stops: int = 0
+    """Of those, searches that stopped before `max_tokens` (early stopping)."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -89,8 +99,12 @@ class EngineCore:
         max_queued: int,
         max_context: int,
         threads: int | None,
+        drafter: Drafter | None = None,
     ) -> None:
+        """`drafter`: speculative decoding's draft source for the jobs that ask for it; None: off."""
         self.runner = runner
+        self.drafter = drafter
+        self.emitter = TokenEmitter(scheduler, tokenizer.eos_id, max_context, drafter)
         self.cache = cache
         self.scheduler = scheduler
         self.tokenizer = tokenizer
@@ -106,6 +120,7 @@ class EngineCore:
         self._queued = 0
         self._stopping = False
         self._inter_token = LatencyHistogram(INTER_TOKEN_BUCKETS)
+        self._beam_searches = self._beam_early_stops = 0
         self._stats = self._snapshot()
         self._stats_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="radixgate-local-engine", daemon=True)
@@ -171,6 +186,7 @@ class EngineCore:
                 self._wake.wait(write_in)  # woken by work, or when the next page is due for disk
                 continue
             step = self.scheduler.schedule()
+            self.emitter.draft(step)
             self._queued_update()
             if not step.decodes and not step.prefills:
                 self._publish_stats(force=True)
@@ -225,13 +241,18 @@ class EngineCore:
                 index = group.first_index + offset
                 sampler = SamplerState(job.params, self.runner.model.spec.vocab_size, group.prompt, index)
                 seq = Sequence(job, group.prompt, index, sampler, TextStream(self.tokenizer, job.params.stop))
+                if self.drafter is not None and job.speculate and can_speculate(job.params):
+                    seq.spec = self.drafter.state()
                 seqs.append(seq)
                 if leader is None:
                     leader = seq
                     seq.reports_cache = True
                     self.scheduler.add(seq)
+                    if job.params.beam_search:
+                        seq.beam = BeamGroup(seq, BeamState.of(job.params, group.n))
                 else:
                     leader.forks.append(seq)
+                    seq.beam = leader.beam
         self._jobs[job.job_id] = seqs
 
     def _queued_update(self) -> None:
@@ -244,10 +265,26 @@ class EngineCore:
             self.scheduler.cache_progress(seq)
         events: dict[int, list[JobEvent]] = {}
         started = finished = False
-        bias_greedy_rows(output.logits, [seq.params for seq in output.sampled])
+        row_params = [seq.params for seq in output.sampled for _ in range(1 + len(seq.draft))]
+        bias_greedy_rows(output.logits, row_params)
         argmax = output.logits.argmax(dim=-1).tolist()
         now = time.monotonic()
-        for row, seq in enumerate(output.sampled):
+        rows = {seq.seq_id: first for seq, first in zip(output.sampled, output.first_rows, strict=True)}
+        searched: set[int] = set()
+        for seq, first in zip(output.sampled, output.first_rows, strict=True):
+            beams = seq.beam
+            if beams is not None:  # the whole group's rows at once, the first time one of its beams comes up
+                if id(beams) not in searched:
+                    searched.add(id(beams))
+                    choices = beams.advance(
+                        rows, output.logits, self.scheduler, self.tokenizer, self.max_context
+                    )
+                    if choices:
+                        self._beam_searches += 1
+                        self._beam_early_stops += beams.state.stopped_early
+                        events.setdefault(seq.job.job_id, []).extend(choices)
+                        finished = True
+                continue
             group = [seq]
             if seq.forks and seq.output_len == 0:
                 group += self.scheduler.fork(seq)
@@ -255,10 +292,12 @@ class EngineCore:
                 if member.output_len:
                     self._inter_token.observe(now - member.last_token_at)
                 member.last_token_at = now
-                delta = self._sample(member, output.logits[row], argmax[row])
-                events.setdefault(member.job.job_id, []).append(delta)
-                started = started or member.output_len == 1
-                finished = finished or delta.finish_reason is not None
+                deltas = self.emitter.advance(member, output.logits, argmax, first)
+                for _ in deltas[1:]:  # accepted draft tokens arrive with the step's first one
+                    self._inter_token.observe(0.0)
+                events.setdefault(member.job.job_id, []).extend(deltas)
+                started = started or member.output_len == len(deltas)
+                finished = finished or deltas[-1].finish_reason is not None
         # Publish first, so a client that sees its first token also sees the pages it holds, and one
         # that sees its last token the pages it freed (between those, stats are up to 0.1 s old).
         self._publish_stats(force=started or finished)
@@ -269,36 +308,6 @@ class EngineCore:
             seqs[0].job.sink(items)
             if all(s.status is Status.FINISHED for s in seqs):
                 del self._jobs[job_id]
-
-    def _sample(self, seq: Sequence, logits: torch.Tensor, argmax: int) -> ChoiceDelta:
-        params = seq.params
-        if params.batched_greedy:
-            token, logprob = argmax, None
-        else:
-            picked = seq.sampler.sample(logits)
-            token, logprob = picked.token_id, picked.logprob
-        seq.tokens.append(token)
-        seq.sampler.observe(token)
-        delta = ChoiceDelta(
-            index=seq.choice_index, token_id=token, logprobs=[logprob] if logprob is not None else []
-        )
-        reason: str | None = None
-        if token == self.tokenizer.eos_id or token in params.stop_token_ids:
-            reason = "stop"
-            delta.text = seq.text.finish()
-        else:
-            delta.text, stopped = seq.text.push(token)
-            if stopped:
-                reason = "stop"
-            elif seq.output_len >= params.max_tokens or len(seq.tokens) >= self.max_context:
-                reason = "length"
-                delta.text += seq.text.finish()
-        if reason is not None:
-            self.scheduler.finish(seq, keep_kv=True)
-            delta.finish_reason = reason
-            delta.completion_tokens = seq.output_len
-            delta.cached_tokens = seq.cached_tokens if seq.reports_cache else 0
-        return delta
 
     def _fail_all(self, error: EngineError) -> None:
         for seqs in list(self._jobs.values()):
@@ -339,4 +348,7 @@ class EngineCore:
             inter_token_latency=self._inter_token.figures(),
             cache_nodes=self.cache.node_count,
             kv_bytes_per_token=pool.page_nbytes // pool.page_size,
+            speculation=self.drafter.figures() if self.drafter is not None else None,
+            beam_searches=self._beam_searches,
+            beam_early_stops=self._beam_early_stops,
         )

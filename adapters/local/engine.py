@@ -27,6 +27,7 @@ from adapters.local.chat_template import ChatTemplate
 from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore, EngineStats
 from adapters.local.delivery import Mailboxes
+from adapters.local.drafts import Drafter
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.offload import KVOffload, OffloadStats
@@ -51,6 +52,8 @@ class Generation:
     finish_reason: str | None = None
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
+    accepted_drafts: int = 0
+    """Speculative draft tokens the model agreed with."""
 
 
 @dataclass(slots=True)
@@ -158,6 +161,11 @@ class LocalEngine:
             max_idle_prefill_tokens=cfg.max_idle_prefill_tokens,
         )
         max_context = min(cfg.max_context or spec.context_length, spec.context_length)
+        drafter = (
+            Drafter(cache, max_draft_tokens=cfg.max_draft_tokens, sources=cfg.draft_sources)
+            if cfg.draft_sources
+            else None
+        )
         core = EngineCore(
             ModelRunner(model, pool),
             cache,
@@ -166,6 +174,7 @@ class LocalEngine:
             max_queued=cfg.max_queued,
             max_context=max_context,
             threads=cfg.threads,
+            drafter=drafter,
         )
         core.start()
         limits = EngineLimits(
@@ -174,6 +183,7 @@ class LocalEngine:
             pool_tokens=num_pages * cfg.page_size,
             page_size=cfg.page_size,
             max_n=cfg.max_running,
+            max_beam_width=min(cfg.beam_width, cfg.max_running),
         )
         return _Loaded(
             core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload
@@ -194,10 +204,17 @@ class LocalEngine:
         return [g.prompt for g in prepare(params, loaded.tokenizer, loaded.template, loaded.limits).groups]
 
     async def generate_stream(
-        self, prompt: list[int], params: SamplingParams, *, n: int = 1, salt: str = ""
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        salt: str = "",
+        speculate: bool | None = None,
     ) -> AsyncIterator[list[ChoiceDelta]]:
         """Token-level generation (no OpenAI framing): each engine step's deltas, for tools and
-        benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work."""
+        benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work.
+        `speculate`: None takes the config's `speculative`."""
         await self.start()
         loaded = self._require()
         if not prompt or len(prompt) + params.max_tokens > loaded.limits.max_context:
@@ -206,7 +223,7 @@ class LocalEngine:
             raise InvalidRequest(f"n must be between 1 and {loaded.limits.max_n}", param="n")
         group = PromptGroup(prompt=prompt, first_index=0, n=n)
         prepared = PreparedRequest(groups=[group], params=params, prompt_tokens=len(prompt), echo=None)
-        job_id, queue = self._submit(prepared, salt)
+        job_id, queue = self._submit(prepared, salt, speculate)
         open_choices = n
         try:
             while open_choices:
@@ -217,23 +234,26 @@ class LocalEngine:
             if open_choices:
                 loaded.core.cancel(job_id)
 
-    async def generate(self, prompt: list[int], params: SamplingParams, *, salt: str = "") -> Generation:
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, *, salt: str = "", speculate: bool | None = None
+    ) -> Generation:
         """One choice to the end, as token ids and text."""
         result = Generation()
-        async for deltas in self.generate_stream(prompt, params, salt=salt):
+        async for deltas in self.generate_stream(prompt, params, salt=salt, speculate=speculate):
             for delta in deltas:
                 result.token_ids.append(delta.token_id)
                 result.text += delta.text
                 if delta.finish_reason is not None:
                     result.finish_reason = delta.finish_reason
                     result.cached_tokens = delta.cached_tokens
+                    result.accepted_drafts = delta.accepted_drafts
         return result
 
     async def complete(self, request: EngineRequest) -> Completion:
         """Run a request to the end and return the OpenAI body."""
         await self.start()
         prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation)
         try:
             while not writer.done:
                 writer.add(_raise_failure(await queue.get()))
@@ -252,7 +272,7 @@ class LocalEngine:
         """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
         await self.start()
         prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation)
         try:
             for chunk in writer.opening_chunks():
                 yield chunk
@@ -323,7 +343,9 @@ class LocalEngine:
         )
         return prepared, writer
 
-    def _submit(self, prepared: PreparedRequest, salt: str) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
+    def _submit(
+        self, prepared: PreparedRequest, salt: str, speculate: bool | None
+    ) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
         mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
         queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
 
@@ -332,7 +354,12 @@ class LocalEngine:
 
         job_id = next(self._job_ids)
         job = GenerationJob(
-            job_id=job_id, groups=prepared.groups, params=prepared.params, salt=salt, sink=sink
+            job_id=job_id,
+            groups=prepared.groups,
+            params=prepared.params,
+            salt=salt,
+            sink=sink,
+            speculate=self.config.speculative if speculate is None else speculate,
         )
         self._require().core.submit(job)
         return job_id, queue

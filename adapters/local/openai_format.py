@@ -18,7 +18,7 @@ import msgspec
 from adapters.local.sampling import TokenLogprob
 from adapters.local.sequence import ChoiceDelta
 from adapters.local.tokenizer import TextTokenizer
-from adapters.schema import Operation, PromptTokensDetails, Usage
+from adapters.schema import CompletionTokensDetails, Operation, PromptTokensDetails, Usage
 
 _encode = msgspec.json.Encoder().encode
 
@@ -27,11 +27,19 @@ class _Details(msgspec.Struct):
     cached_tokens: int
 
 
-class _Usage(msgspec.Struct):
+class _CompletionDetails(msgspec.Struct):
+    """OpenAI's names for predicted tokens, here speculative draft tokens accepted and rejected."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
+class _Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: _Details
+    completion_tokens_details: _CompletionDetails | None = None
 
 
 class _Choice:
@@ -74,6 +82,8 @@ class ResponseWriter:
         self._choices = [_Choice(prefix) for prefix in self._echo]
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.accepted_drafts = 0
+        self.rejected_drafts = 0
         self._open = choices
 
     @property
@@ -90,6 +100,14 @@ class ResponseWriter:
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+            completion_tokens_details=(
+                CompletionTokensDetails(
+                    accepted_prediction_tokens=self.accepted_drafts,
+                    rejected_prediction_tokens=self.rejected_drafts,
+                )
+                if self._speculated
+                else None
+            ),
         )
 
     # ---- streaming -------------------------------------------------------------------------
@@ -188,6 +206,8 @@ class ResponseWriter:
             choice.finish_reason = delta.finish_reason
             self.completion_tokens += delta.completion_tokens
             self.cached_tokens += delta.cached_tokens
+            self.accepted_drafts += delta.accepted_drafts
+            self.rejected_drafts += delta.rejected_drafts
             self._open -= 1
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]], usage: object) -> dict[str, Any]:
@@ -203,7 +223,15 @@ class ResponseWriter:
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
             prompt_tokens_details=_Details(cached_tokens=self.cached_tokens),
+            completion_tokens_details=(
+                _CompletionDetails(self.accepted_drafts, self.rejected_drafts) if self._speculated else None
+            ),
         )
+
+    @property
+    def _speculated(self) -> bool:
+        """Draft tokens were verified for this answer: its usage says how many were accepted."""
+        return self.accepted_drafts + self.rejected_drafts > 0
 
     def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
         tok = self.tokenizer

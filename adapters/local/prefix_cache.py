@@ -99,6 +99,13 @@ class PrefixCache:
         self.pool.retain(pages)
         return PrefixHit(tokens=matched, pages=pages, node=found.node)
 
+    def continuation(self, salt: str, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that an earlier request of this tenant went on with after exactly
+        `tokens` (a speculative draft); a read, which neither locks nor refreshes anything."""
+        if not self.enabled:
+            return []
+        return self._tree.continuation(self._salt_tokens(salt) + tokens, limit)
+
     def record(self, queried: int, hit: int) -> None:
         """Count one admitted prompt's lookup for the hit-rate figures."""
         self.queried_tokens += queried

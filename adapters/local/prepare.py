@@ -28,6 +28,8 @@ class EngineLimits:
     pool_tokens: int
     page_size: int
     max_n: int
+    max_beam_width: int = 1
+    """Most beams one request may ask for (`n` with `use_beam_search`)."""
 
 
 @dataclass(slots=True)
@@ -153,6 +155,11 @@ def _sampling(params: GenerationRequest, max_tokens: int, limits: EngineLimits) 
         _check(value, -100.0, 100.0, "logit_bias")
         bias.append((int(key), float(value)))
     want, top = _logprob_request(params)
+    if params.use_beam_search:
+        _check_beam_search(params, stop, bias, want, limits)
+    elif params.length_penalty is not None or params.early_stopping is not None:
+        name = "length_penalty" if params.length_penalty is not None else "early_stopping"
+        raise InvalidRequest(f"{name} applies to beam search only (use_beam_search)", param=name)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if params.temperature is None else params.temperature,
@@ -168,7 +175,43 @@ def _sampling(params: GenerationRequest, max_tokens: int, limits: EngineLimits) 
         logprobs=want,
         top_logprobs=top,
         logit_bias=tuple(bias),
+        beam_search=params.use_beam_search,
+        length_penalty=1.0 if params.length_penalty is None else params.length_penalty,
+        early_stopping=bool(params.early_stopping),
     )
+
+
+def _check_beam_search(
+    params: GenerationRequest,
+    stop: tuple[str, ...],
+    bias: list[tuple[int, float]],
+    logprobs: bool,
+    limits: EngineLimits,
+) -> None:
+    """Beam search ranks whole hypotheses by the model's log-probabilities: it has no stream, and no
+    truncation, penalty, bias, stop string or logprobs to apply to them."""
+    if params.n > limits.max_beam_width:
+        raise InvalidRequest(
+            f"n (the beam width) must be at most {limits.max_beam_width} ([speculative] beam_width)",
+            param="n",
+        )
+    _check(params.length_penalty, -10.0, 10.0, "length_penalty")
+    refused = {
+        "stream": params.stream,
+        "stop": bool(stop),
+        "logit_bias": bool(bias),
+        "logprobs": logprobs,
+        "top_p": params.top_p not in (None, 1.0),
+        "top_k": params.top_k not in (None, 0, -1),
+        "min_p": bool(params.min_p),
+        "frequency_penalty": bool(params.frequency_penalty),
+        "presence_penalty": bool(params.presence_penalty),
+        "repetition_penalty": params.repetition_penalty not in (None, 1.0),
+        "seed": params.seed is not None,
+    }
+    for name, present in refused.items():
+        if present:
+            raise InvalidRequest(f"{name} is not supported with use_beam_search", param=name)
 
 
 def _logprob_request(params: GenerationRequest) -> tuple[bool, int]:

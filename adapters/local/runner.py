@@ -1,7 +1,9 @@
 """Turn a scheduled step into one packed forward batch, run it, and say whose logits are whose.
 
-Rows are packed decode-first: one row per decoding sequence, then each prefill chunk's tokens.
-Only decoding sequences and chunks that finish their prompt ask for logits. The runner also plans
+Rows are packed decode-first: one row per decoding sequence (plus one per draft token it
+verifies, each a decode row of its own whose context ends at its own position: the K/V of the
+whole row group is written before anyone attends), then each prefill chunk's tokens. Decode rows
+and chunks that finish their prompt ask for logits. The runner also plans
 attention from the page tables (see `attention`): which runs of pages are read in place, which
 are shared by several decoding sequences, and which short ones are copied into one block.
 """
@@ -33,10 +35,12 @@ from adapters.local.sequence import Sequence
 
 @dataclass(slots=True)
 class StepOutput:
-    """Logits `[len(sampled), vocab]` for the sequences that sample this step, in order."""
+    """Logits for the sequences that sample this step, in order: `1 + len(seq.draft)` rows each,
+    from `first_rows[i]` on."""
 
     sampled: list[Sequence]
     logits: torch.Tensor
+    first_rows: list[int]
 
 
 class ModelRunner:
@@ -49,22 +53,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, step: ScheduledStep) -> StepOutput:
-        """Compute the step's tokens, write their K/V, advance `num_computed`, return logits."""
-        batch, sampled = self._build(step)
+        """Compute the step's tokens, write their K/V, advance `num_computed` (drafts not counted:
+        their K/V counts once accepted), return logits."""
+        batch, sampled, first_rows = self._build(step)
         logits = self.model.forward(batch, self.pool)
         for seq in step.decodes:
             seq.num_computed += 1
         for seq, chunk in step.prefills:
             seq.num_computed += chunk
-        return StepOutput(sampled=sampled, logits=logits)
+        return StepOutput(sampled=sampled, logits=logits, first_rows=first_rows)
 
-    def _build(self, step: ScheduledStep) -> tuple[ForwardBatch, list[Sequence]]:
+    def _build(self, step: ScheduledStep) -> tuple[ForwardBatch, list[Sequence], list[int]]:
         ps = self.page_size
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         rows: list[int] = []
         sampled: list[Sequence] = []
+        first_rows: list[int] = []
+        contexts: list[tuple[list[int], int]] = []  # each decode row's (page table, context tokens)
 
         def add(seq: Sequence, start: int, count: int) -> None:
             for pos in range(start, start + count):
@@ -73,9 +80,16 @@ class ModelRunner:
                 slots.append(seq.pages[pos // ps] * ps + pos % ps)
 
         for seq in step.decodes:
-            rows.append(len(tokens))
+            first_rows.append(len(rows))
             sampled.append(seq)
-            add(seq, seq.num_computed, 1)
+            start = seq.num_computed
+            for offset, token in enumerate([seq.tokens[start], *seq.draft]):
+                pos = start + offset
+                rows.append(len(tokens))
+                tokens.append(token)
+                positions.append(pos)
+                slots.append(seq.pages[pos // ps] * ps + pos % ps)
+                contexts.append((seq.pages, pos + 1))
         prefills = []
         for seq, chunk in step.prefills:
             start = len(tokens)
@@ -84,6 +98,7 @@ class ModelRunner:
             int8 = seq.prompt_len > EXACT_PROMPT_TOKENS
             prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix, int8=int8))
             if seq.num_computed + chunk == len(seq.tokens):
+                first_rows.append(len(rows))
                 rows.append(len(tokens) - 1)
                 sampled.append(seq)
         batch = ForwardBatch(
@@ -91,31 +106,31 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long),
             slots=torch.tensor(slots, dtype=torch.long),
             logit_rows=torch.tensor(rows, dtype=torch.long),
-            decode=self._decode_plan(step.decodes) if step.decodes else None,
+            decode=self._decode_plan(contexts) if contexts else None,
             prefills=prefills,
         )
-        return batch, sampled
+        return batch, sampled, first_rows
 
     def _prefix_plan(self, pages: list[int], tokens: int) -> PrefixPlan:
         runs, rest, rest_tokens = split_runs(pages, tokens, self.page_size)
         scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
         return PrefixPlan(runs=runs, scattered=scattered)
 
-    def _decode_plan(self, seqs: list[Sequence]) -> DecodePlan:
-        """A prefix shared from the cache becomes one run that all its sequences attend to in a
-        single call; long runs of a sequence's own are attended in place, one call each; the
-        short rest of every sequence is gathered into one padded call."""
+    def _decode_plan(self, contexts: list[tuple[list[int], int]]) -> DecodePlan:
+        """Decode rows with contexts (page table, tokens). A prefix shared from the cache (or by
+        one sequence's verification rows) becomes one run that all its rows attend to in a single
+        call; long runs of a sequence's own are attended in place, one call each; the short rest
+        of every row is gathered into one padded call."""
         ps = self.page_size
         if self.model.attends_in_kernel:
-            contexts = [(s.pages, s.num_computed + 1) for s in seqs]
             return DecodePlan(
-                count=len(seqs), runs=[], gathered=None, merge=False, segments=segments(contexts, ps)
+                count=len(contexts), runs=[], gathered=None, merge=False, segments=segments(contexts, ps)
             )
-        firsts = [page_runs(s.pages, s.num_computed + 1, ps)[0] for s in seqs]
+        firsts = [page_runs(pages, tokens, ps)[0] for pages, tokens in contexts]
         by_start: dict[int, list[int]] = defaultdict(list)
         for i, run in enumerate(firsts):
             by_start[run.first_page].append(i)
-        skip = [0] * len(seqs)  # tokens each sequence reads through a shared run
+        skip = [0] * len(contexts)  # tokens each sequence reads through a shared run
         runs: list[SharedRun] = []
         for start, members in by_start.items():
             # The whole pages every member holds from this first page on are read once for all.
@@ -126,16 +141,14 @@ class ModelRunner:
                     skip[i] = common
         parts = [int(t > 0) for t in skip]
         gather: list[tuple[int, list[int], int]] = []
-        for i, seq in enumerate(seqs):
-            own, rest, rest_tokens = split_runs(
-                seq.pages[skip[i] // ps :], seq.num_computed + 1 - skip[i], ps
-            )
+        for i, (pages, tokens) in enumerate(contexts):
+            own, rest, rest_tokens = split_runs(pages[skip[i] // ps :], tokens - skip[i], ps)
             runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
             parts[i] += len(own) + bool(rest)
             if rest:
                 gather.append((i, rest, rest_tokens))
         gathered = self._gather(gather) if gather else None
-        return DecodePlan(count=len(seqs), runs=runs, gathered=gathered, merge=max(parts) > 1)
+        return DecodePlan(count=len(contexts), runs=runs, gathered=gathered, merge=max(parts) > 1)
 
     def _gather(self, rows: list[tuple[int, list[int], int]]) -> GatheredRows:
         ps = self.page_size

@@ -42,6 +42,11 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    beam_search: bool = False
+    """vLLM's `use_beam_search`: `n` beams (`adapters.local.beams`) instead of `n` samples."""
+    length_penalty: float = 1.0
+    """Beam search ranks hypotheses by `logprob / length ** length_penalty`."""
+    early_stopping: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -96,13 +101,29 @@ class SamplerState:
         if self.counts is not None:
             self.counts[token_id] += 1.0
 
-    def sample(self, logits: torch.Tensor) -> SampledToken:
-        """Pick the next token from one fp32 logits row `[vocab]`."""
+    def sample(self, logits: torch.Tensor, drafted: int | None = None) -> SampledToken:
+        """Pick the next token from one fp32 logits row `[vocab]`. `drafted`: a speculative draft's
+        token for this position, which a sampled request accepts with its probability and else
+        draws from the rest (`verify`); the token's distribution is the row's either way."""
         params = self.params
         report = _logprobs(logits, params.top_logprobs) if params.logprobs else None
         scores = self._adjusted(logits)
-        token = int(torch.argmax(scores)) if params.greedy else self._draw(scores)
+        if params.greedy:
+            token = int(torch.argmax(scores))
+        else:
+            probs = self._probs(scores)
+            token = self._draw(probs) if drafted is None else self.verify(probs, drafted)
         return SampledToken(token_id=token, logprob=report(token) if report is not None else None)
+
+    def verify(self, probs: torch.Tensor, drafted: int) -> int:
+        """Speculative sampling's acceptance for a one-token draft (q = 1 on `drafted`): keep it with
+        probability p(drafted) = min(1, p/q); else draw from the residual max(0, p - q), which is
+        p without `drafted`. `probs` (`_probs`, not necessarily normalised) is consumed."""
+        probs = probs / probs.sum()
+        if float(torch.rand((), generator=self.generator)) < float(probs[drafted]):
+            return drafted
+        probs[drafted] = 0.0
+        return self._draw(probs)
 
     def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
         params = self.params
@@ -122,7 +143,12 @@ class SamplerState:
             scores -= params.frequency_penalty * self.counts + params.presence_penalty * seen.float()
         return scores
 
-    def _draw(self, scores: torch.Tensor) -> int:
+    def _draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _probs(self, scores: torch.Tensor) -> torch.Tensor:
+        """The distribution to draw from, after temperature, top-k, top-p and min-p (unnormalised
+        after min-p)."""
         params = self.params
         scores = scores / params.temperature
         if 0 < params.top_k < scores.shape[0]:
@@ -136,7 +162,7 @@ class SamplerState:
         probs = torch.softmax(scores, dim=-1)
         if params.min_p > 0.0:
             probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return probs
 
 
 def _logprobs(logits: torch.Tensor, top: int) -> _LogprobReport:

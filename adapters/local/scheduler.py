@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from adapters.engine_stats import QUEUE_TIME_BUCKETS, LatencyHistogram
+from adapters.errors import EngineError
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
@@ -119,6 +120,28 @@ class Scheduler:
         self.pool.release(reserved)
         return children
 
+    def rebase(self, seq: Sequence, onto: Sequence) -> None:
+        """Give `seq` the KV of `onto` (a beam taking over a dropped one's sequence, running again
+        if it had finished): whole pages shared, copy-on-write, the partial last page copied.
+        Tokens are the caller's."""
+        full = onto.num_computed // self.page_size
+        shared = onto.pages[:full]
+        self.pool.retain(shared)
+        copy = self._alloc(1) if onto.num_computed % self.page_size else []
+        if copy is None:
+            self.pool.release(shared)
+            raise EngineError("the KV pool has no page left for a beam's copy")
+        if copy:
+            self.pool.copy_page(onto.pages[full], copy[0])
+        self._release(seq)
+        seq.pages = shared + copy
+        seq.num_computed = onto.num_computed
+        seq.lock = onto.lock
+        if seq.lock is not None:
+            self.cache.lock(seq.lock)
+        if seq.status is Status.FINISHED:
+            self._start(seq)
+
     def finish(self, seq: Sequence, *, keep_kv: bool) -> None:
         """Take `seq` out; with `keep_kv` its computed tokens go into the prefix cache first."""
         if seq.status is Status.RUNNING:
@@ -130,6 +153,23 @@ class Scheduler:
         self._release(seq)
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
+
+    def reserve_draft(self, seq: Sequence, tokens: int) -> int:
+        """Slots for up to `tokens` draft tokens after `seq`'s next one, from free pages only (a
+        draft never evicts or preempts); returns how many fit."""
+        ps = self.page_size
+        want = -(-(seq.num_computed + tokens + 1) // ps) - len(seq.pages)
+        if want > 0:
+            pages = self.pool.alloc(min(want, self.pool.free_pages))
+            seq.pages.extend(pages or [])
+        return min(tokens, len(seq.pages) * ps - seq.num_computed - 1)
+
+    def trim_pages(self, seq: Sequence) -> None:
+        """Release the pages past `seq`'s next slot: what a rejected draft's tokens were written to."""
+        keep = seq.num_computed // self.page_size + 1
+        if len(seq.pages) > keep:
+            self.pool.release(seq.pages[keep:])
+            del seq.pages[keep:]
 
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """The runner computed `step` in `seconds`: the prefill speed the KV offload weighs loads by."""

@@ -16,8 +16,13 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from adapters.errors import EngineError
+from adapters.local.drafts import DraftState
+
+if TYPE_CHECKING:
+    from adapters.local.beam_group import BeamGroup
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
 from cachelayer.radix import RadixNode
@@ -37,6 +42,10 @@ class ChoiceDelta:
     """Set on the final delta: tokens this choice generated."""
     cached_tokens: int = 0
     """Set on the final delta of a group's first choice: prompt tokens served from the prefix cache."""
+    accepted_drafts: int = 0
+    """Set on the final delta of a choice that speculated: draft tokens the model agreed with."""
+    rejected_drafts: int = 0
+    """Set on the final delta of a choice that speculated: draft tokens the model disagreed with."""
 
 
 @dataclass(slots=True)
@@ -69,6 +78,8 @@ class GenerationJob:
     params: SamplingParams
     salt: str
     sink: Sink
+    speculate: bool = False
+    """Draft and verify several tokens a step where the sampling allows (`adapters.local.drafts`)."""
     submitted_at: float = field(default_factory=time.monotonic)
     """When the request was handed to the engine (its queue time starts here)."""
 
@@ -87,8 +98,10 @@ class Sequence:
 
     __slots__ = (
         "admitted_at",
+        "beam",
         "cached_tokens",
         "choice_index",
+        "draft",
         "finish_reason",
         "forks",
         "job",
@@ -101,6 +114,7 @@ class Sequence:
         "reports_cache",
         "sampler",
         "seq_id",
+        "spec",
         "status",
         "text",
         "tokens",
@@ -131,6 +145,12 @@ class Sequence:
         """The radix node locked while this sequence uses the cached pages under it."""
         self.forks: list[Sequence] = []
         """Sibling choices waiting for this sequence's prompt KV."""
+        self.beam: BeamGroup | None = None
+        """The beam search this sequence is a beam of (`adapters.local.beam_group`)."""
+        self.spec: DraftState | None = None
+        """Drafting state, for a sequence that speculates."""
+        self.draft: list[int] = []
+        """Tokens this step verifies after the sequence's last one (their K/V is computed with it)."""
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.admitted_at = 0

@@ -5,7 +5,11 @@ A cached endpoint is the plain OpenAI route with the seed's extras:
 - request extras, removed before the body goes upstream: `enable_caching` (false: bypass the
   response cache), `cache_key` (a label: opts a sampled request into the response cache and
   partitions entries), `request_id` (becomes the request's `x-request-id`), `enable_speculation`
-  and `enable_sliding_window` (accepted and validated; neither feature exists, so they change nothing);
+  (speculative decoding for this request in the embedded engine; left out: the engine's default;
+  other engines ignore it; when true, the `[speculative]` section's `temperature`, `top_k` and
+  `top_p` fill in whichever of them the request leaves out, as the seed's speculative sampling
+  settings), `enable_sliding_window` (accepted and validated; the feature does not
+  exist, so it changes nothing);
 - response extras: `usage.cached_tokens`, `cache_stats`, `performance`, `request_id`. A JSON answer
   carries them at the top level; a stream gets one extra chunk with no choices just before `[DONE]`.
 
@@ -16,8 +20,10 @@ the body on the way in and decorates the answer on the way out.
 Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
 this answer (all of them on a response-cache hit, else the engine's reported prefix-cache tokens);
 `cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
-`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits` and
-`window_reuse` are 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
+`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits`
+is the draft tokens the engine accepted for it (its
+`usage.completion_tokens_details.accepted_prediction_tokens`; 0 on a response-cache hit);
+`window_reuse` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
 replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
 response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
 `total_time_ms` (null when the answer reports no usage).
@@ -32,6 +38,7 @@ import msgspec
 from litestar.handlers import ASGIRouteHandler, asgi
 
 from adapters.schema import Operation
+from proxy.cache.config import SpeculativeConfig
 from proxy.asgi_types import Receive, Scope, Send
 from proxy.cache.decorate import AnswerDecorator
 from proxy.cache.step import CachedCall
@@ -53,7 +60,7 @@ class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The seed's request extras."""
 
     enable_caching: bool = True
-    enable_speculation: bool = False
+    enable_speculation: bool | None = None
     enable_sliding_window: bool = False
     cache_key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_KEY)] | None = None
     request_id: (
@@ -65,8 +72,12 @@ class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 EXTRA_FIELDS = frozenset(CacheExtras.__struct_fields__)
 
 
-def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHandler]:
-    """The two cached generation routes over one pipeline."""
+def cached_handlers(
+    pipeline: Pipeline, max_body_bytes: int, speculative: SpeculativeConfig
+) -> list[ASGIRouteHandler]:
+    """The two cached generation routes over one pipeline; `speculative` gives the sampling
+    settings a request with `enable_speculation: true` leaves out."""
+    sampling = {"temperature": speculative.temperature, "top_k": speculative.top_k, "top_p": speculative.top_p}
 
     async def handle(operation: Operation, scope: Scope, receive: Receive, send: Send) -> None:
         """Strip the extras, run the pipeline with them as explicit options, decorate its answer."""
@@ -75,9 +86,13 @@ def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHa
             request = await read_request(pipeline, scope, receive, max_body_bytes)
         except ClientDisconnected:
             return
-        extras, body = split_extras(request.body)
+        extras, body = split_extras(request.body, sampling)
         request_id = extras.request_id.encode() if extras.request_id is not None else request.request_id
-        cached = CachedCall(enable_caching=extras.enable_caching, label=extras.cache_key)
+        cached = CachedCall(
+            enable_caching=extras.enable_caching,
+            label=extras.cache_key,
+            speculation=extras.enable_speculation,
+        )
         call = GenerationCall(operation, body, request.tenant, request_id, request.cache_control, cached)
         await answer(
             pipeline,
@@ -98,9 +113,10 @@ def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHa
     return [cached_chat_completions, cached_completions]
 
 
-def split_extras(body: bytes) -> tuple[CacheExtras, bytes]:
-    """The extras and the body without them. A body that is not a JSON object is returned unchanged
-    (the generation handler then answers the right error)."""
+def split_extras(body: bytes, sampling: dict[str, float] | None = None) -> tuple[CacheExtras, bytes]:
+    """The extras and the body without them; with `enable_speculation: true`, `sampling`'s
+    values for the keys the body leaves out are added. A body that is not a JSON object is
+    returned unchanged (the generation handler then answers the right error)."""
     try:
         fields = _object_decoder.decode(body)
     except msgspec.DecodeError:
@@ -111,4 +127,8 @@ def split_extras(body: bytes) -> tuple[CacheExtras, bytes]:
     except msgspec.ValidationError as exc:
         message, param = split_validation_error(str(exc))
         raise ApiError(400, f"Invalid request: {message}", param=param, code="invalid_value") from None
+    if extras.enable_speculation and sampling:
+        missing = {key: value for key, value in sampling.items() if key not in fields}
+        fields.update(missing)
+        present.update(missing)
     return extras, (msgspec.json.encode(fields) if present else body)

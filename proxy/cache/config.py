@@ -121,12 +121,19 @@ class KvCacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """`[speculative]`: parsed and validated; radixgate does not implement speculative decoding."""
+    """`[speculative]`: `enabled`, `max_draft_tokens` and `draft_sources`, where set, replace the
+    embedded engine's own `local_engine.speculative`, `max_draft_tokens` and `draft_sources`
+    (`local_engine_config`; None: the engine's setting); `beam_width` caps its beam searches' `n`;
+    the sampling keys fill in what a `/v1/cached/*` request with `enable_speculation: true` leaves
+    out (`cached_routes.split_extras`)."""
 
     beam_width: int
     temperature: float
     top_k: int
     top_p: float
+    enabled: bool | None = None
+    max_draft_tokens: int | None = None
+    draft_sources: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +227,12 @@ class ContextCacheConfig:
         window = _overlay(base.sliding_window, sliding_window)
         check_cache_settings(kv_cache, sliding_window, window.window_size)
         kv = _overlay(base.kv_cache, kv_cache)
+        spec = _overlay(base.speculative, speculative)
         return cls(
             kv_cache=replace(kv, eviction_policy=kv.eviction_policy.lower()),
-            speculative=_overlay(base.speculative, speculative),
+            speculative=replace(
+                spec, draft_sources=tuple(spec.draft_sources) if spec.draft_sources is not None else None
+            ),
             sliding_window=window,
             monitoring=_overlay(base.monitoring, monitoring),
         )
@@ -257,8 +267,18 @@ def local_engine_config(settings: Settings) -> LocalEngineConfig:
     """The embedded engine's config: with a cache directory (`--cache-dir DIR`), KV pages the engine
     evicts (and, written behind, those it keeps) are offloaded to memory and to `DIR/kv`, unless
     `local_engine.kv_offload_dir` names another directory. `cache.shutdown_flush_s` bounds the
-    engine's flush of pages to disk at shutdown."""
-    engine = replace(settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s)
+    engine's flush of pages to disk at shutdown; `[speculative]`'s keys, where set, replace the
+    engine's own speculative decoding settings."""
+    spec = cache_config(settings).speculative
+    engine = replace(
+        settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s, beam_width=spec.beam_width
+    )
+    if spec.enabled is not None:
+        engine = replace(engine, speculative=spec.enabled)
+    if spec.max_draft_tokens is not None:
+        engine = replace(engine, max_draft_tokens=spec.max_draft_tokens)
+    if spec.draft_sources is not None:
+        engine = replace(engine, draft_sources=spec.draft_sources)
     if settings.cache.dir is None or engine.kv_offload_dir is not None:
         return engine
     return replace(engine, kv_offload=True, kv_offload_dir=settings.cache.dir.expanduser() / KV_SUBDIR)

@@ -167,6 +167,7 @@ class AnswerDecorator:
             cache_hits=tenant.hits,
             cache_misses=tenant.misses + tenant.refreshes,
             prefix_matches=int(not hit and engine_cached > 0),
+            speculation_hits=usage.accepted_prediction_tokens if usage is not None and not hit else 0,
         )
         performance = PerformanceExtra(
             total_time_ms=round(total * 1e3, 3),

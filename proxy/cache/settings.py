@@ -12,9 +12,10 @@
     eviction_policy = "Adaptive"
 
 Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
-take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]` and
-`[sliding_window]` are parsed and validated, but radixgate implements neither feature: `/v1/cache/stats`
-says so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
+take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]`'s `enabled`,
+`max_draft_tokens` and `draft_sources` drive the embedded engine's speculative decoding; its sampling
+keys and `[sliding_window]` are parsed and validated, but not implemented: `/v1/cache/stats` says
+so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from adapters.local.config import MAX_DRAFT_TOKENS
 from cachelayer.admission import DEFAULT_ADMISSION, DEFAULT_MIN_HIT_RATE, AdmissionPolicy
 from cachelayer.policies import POLICY_NAMES
 
@@ -48,6 +50,9 @@ BeamWidth = Annotated[int, msgspec.Meta(ge=2, le=16)]
 WindowSize = Annotated[int, msgspec.Meta(ge=64, le=1024)]
 """The seed's range: 64-1024 tokens."""
 Probability = Annotated[float, msgspec.Meta(gt=0, le=1)]
+DraftTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_DRAFT_TOKENS)]
+DraftSource = Literal["radix", "prompt"]
+"""`adapters.local.config.DRAFT_SOURCES`."""
 
 
 class CacheSettingsError(ValueError):
@@ -110,8 +115,15 @@ class KvCacheSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
 
 
 class SpeculativeSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[speculative]`: validated and reported in `/v1/cache/stats`; speculative decoding is not built."""
+    """`[speculative]`: the embedded engine's speculative decoding, reported in `/v1/cache/stats`."""
 
+    enabled: bool | None = None
+    """Speculate for requests that do not say (`enable_speculation` on `/v1/cached/*` overrides it)."""
+    max_draft_tokens: DraftTokens | None = None
+    """Most draft tokens one sequence verifies in one step."""
+    draft_sources: list[DraftSource] | None = None
+    """`radix` (continuations earlier requests left in the prefix cache) and/or `prompt` (prompt
+    lookup in the request's own tokens); empty: no drafts."""
     beam_width: BeamWidth | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None

@@ -10,8 +10,10 @@ Rates are percentages (0-100), as in the seed. Field meanings where the seed lea
   `kv_pages` details each engine's page store (pages offloaded, loaded, skipped as slower to load
   than to recompute, rejected for another layout, and the speed estimates behind those choices).
 - `cache_manager.radix_tree`: see `proxy.cache.radix_stats`.
-- `speculation`, `sliding_window`: radixgate implements neither; `implemented: false`, every figure 0,
-  and the configured values from `[speculative]` / `[sliding_window]`.
+- `speculation`: the embedded engines' speculative decoding (`proxy.cache.speculation_stats`), and
+  the configured values from `[speculative]`.
+- `sliding_window`: not implemented; `implemented: false`, every figure 0, and the configured values
+  from `[sliding_window]`.
 - `overall` has no `efficiency_score`: radixgate defines no such score, and a made-up figure would
   mislead. `background_tasks_active` is true while the warm file runs (trend samples are taken on
   requests). `warming` reports the warm file's progress (`proxy.cache.warm_file`).
@@ -26,10 +28,11 @@ import msgspec
 from cachelayer.admission import AdmissionGate
 from cachelayer.stats import StoreSnapshot, TierSnapshot
 from proxy.cache.alerts import Alert, AlertBook, conditions
-from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig, SpeculativeConfig
+from proxy.cache.config import ContextCacheConfig, SlidingWindowConfig
 from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
 from proxy.cache.radix_stats import RadixTreeStats, percent, radix_stats
+from proxy.cache.speculation_stats import SpeculationStats, speculation_stats
 from proxy.cache.warm_file import WarmProgress
 from proxy.routing.pool import WorkerPool
 
@@ -84,18 +87,6 @@ class ResponseCacheStats(msgspec.Struct, kw_only=True):
     admission_selective: bool
     """Whether answers are stored only on their key's second sighting now."""
     hit_rate: float
-
-
-class SpeculationStats(msgspec.Struct, kw_only=True):
-    implemented: bool = False
-    note: str = NOT_IMPLEMENTED
-    hits: int = 0
-    misses: int = 0
-    hit_rate: float = 0.0
-    tokens_generated: int = 0
-    avg_depth: float = 0.0
-    early_stops: int = 0
-    configured: SpeculativeConfig
 
 
 class SlidingWindowStats(msgspec.Struct, kw_only=True):
@@ -203,7 +194,7 @@ def build_stats(
             kv_cache=_kv_cache(store, tiers, offloads),
             response_cache=_response_cache(total, admission, enabled=enabled, shared=shared),
             radix_tree=radix,
-            speculation=SpeculationStats(configured=config.speculative),
+            speculation=speculation_stats(router, config.speculative),
             sliding_window=SlidingWindowStats(configured=config.sliding_window),
         ),
         overall=OverallStats(

@@ -10,6 +10,11 @@ export the same from their `/metrics`):
     radixgate_engine_prefix_query_tokens_total{worker}  prompt tokens looked up in it
     radixgate_engine_queue_time_seconds{worker}         submission to first admission (histogram)
     radixgate_engine_inter_token_latency_seconds{worker}  gap between two tokens of a sequence
+    radixgate_engine_speculative_draft_tokens_total{worker,source}     draft tokens verified
+    radixgate_engine_speculative_accepted_tokens_total{worker,source}  draft tokens accepted
+    radixgate_engine_speculative_verify_steps_total{worker}            sequence-steps that verified a draft
+    radixgate_engine_speculative_emitted_tokens_total{worker}          tokens those steps emitted
+    radixgate_engine_speculative_early_stops_total{worker}             drafts rejected before their end
 
 Engines that report no such figures (remote workers, whose own `/metrics` has them) add nothing.
 """
@@ -41,6 +46,48 @@ class EngineFigures(Protocol):
     pool_pages_free: int
     queue_time: LatencyFigures
     inter_token_latency: LatencyFigures
+
+
+class SourceCounts(Protocol):
+    drafts: int
+    drafted_tokens: int
+    accepted_tokens: int
+
+
+class EngineSpeculation(Protocol):
+    """What `adapters.local.drafts.SpeculationFigures` holds (matched by attributes, no torch import)."""
+
+    verify_steps: int
+    drafted_tokens: int
+    accepted_tokens: int
+    tokens_generated: int
+    early_stops: int
+    sources: tuple[tuple[str, SourceCounts], ...]
+
+
+@runtime_checkable
+class _ReportsSpeculation(Protocol):
+    speculation: EngineSpeculation | None
+    beam_searches: int
+    beam_early_stops: int
+
+
+def engine_speculation(engine: object) -> EngineSpeculation | None:
+    """An engine's speculation figures, None when it reports none."""
+    figures = _speculating(engine)
+    return figures.speculation if figures is not None else None
+
+
+def engine_beam_searches(engine: object) -> tuple[int, int]:
+    """An engine's beam searches and those that stopped early ((0, 0) when it reports none)."""
+    figures = _speculating(engine)
+    return (figures.beam_searches, figures.beam_early_stops) if figures is not None else (0, 0)
+
+
+def _speculating(engine: object) -> _ReportsSpeculation | None:
+    stats = getattr(engine, "stats", None)
+    figures = stats() if callable(stats) else None
+    return figures if isinstance(figures, _ReportsSpeculation) else None
 
 
 _GAUGES: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
@@ -98,12 +145,59 @@ class EngineSeries:
             for worker_id, figures in reporting:
                 counter.add_metric([worker_id], float(read(figures)))
             yield counter
+        yield from _speculation_series(
+            [
+                (worker.id, f)
+                for worker in self._workers()
+                if (f := engine_speculation(worker.engine)) is not None
+            ]
+        )
         for name, documentation, read_latency in _HISTOGRAMS:
             histogram = HistogramMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
             for worker_id, figures in reporting:
                 latency = read_latency(figures)
                 histogram.add_metric([worker_id], latency.cumulative(), latency.sum)
             yield histogram
+
+
+_SPECULATION_COUNTERS: tuple[tuple[str, str, Callable[[EngineSpeculation], float]], ...] = (
+    (
+        "engine_speculative_verify_steps",
+        "Sequence-steps that verified a speculative draft.",
+        lambda f: f.verify_steps,
+    ),
+    (
+        "engine_speculative_emitted_tokens",
+        "Tokens the verifying steps emitted (accepted drafts plus the model's own next token).",
+        lambda f: f.tokens_generated,
+    ),
+    ("engine_speculative_early_stops", "Drafts rejected before their end.", lambda f: f.early_stops),
+)
+
+
+def _speculation_series(reporting: list[tuple[str, EngineSpeculation]]) -> Iterator[Metric]:
+    """Speculative decoding's counters: per worker, and the draft tokens per worker and source."""
+    for name, documentation, read in _SPECULATION_COUNTERS:
+        counter = CounterMetricFamily(METRIC_PREFIX + name, documentation, labels=["worker"])
+        for worker_id, figures in reporting:
+            counter.add_metric([worker_id], float(read(figures)))
+        yield counter
+    drafted = CounterMetricFamily(
+        METRIC_PREFIX + "engine_speculative_draft_tokens",
+        "Speculative draft tokens verified.",
+        labels=["worker", "source"],
+    )
+    accepted = CounterMetricFamily(
+        METRIC_PREFIX + "engine_speculative_accepted_tokens",
+        "Speculative draft tokens the model agreed with.",
+        labels=["worker", "source"],
+    )
+    for worker_id, figures in reporting:
+        for source, counts in figures.sources:
+            drafted.add_metric([worker_id, source], float(counts.drafted_tokens))
+            accepted.add_metric([worker_id, source], float(counts.accepted_tokens))
+    yield drafted
+    yield accepted
 
 
 def _figures(worker: Worker) -> EngineFigures | None:

@@ -122,6 +122,20 @@ def test_base_url_trick_with_extra_body(cached: openai.OpenAI, upstream: Upstrea
     assert len(upstream.generation_requests()) == 1
 
 
+def test_speculation_takes_the_sections_sampling_for_what_a_request_leaves_out(
+    cached: openai.OpenAI, upstream: UpstreamServer
+) -> None:
+    """`enable_speculation: true` fills temperature/top_k/top_p from `[speculative]` (the seed's
+    preset: 0.8, 40, 0.9) where the request sets none; a set value is kept; without it nothing is added."""
+    cached.chat.completions.create(
+        model=MODEL, messages=MESSAGES, top_p=0.5, extra_body={"enable_speculation": True}
+    )
+    cached.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"enable_speculation": False})
+    speculating, plain = (request.json for request in upstream.generation_requests())
+    assert (speculating["temperature"], speculating["top_k"], speculating["top_p"]) == (0.8, 40, 0.5)
+    assert not {"temperature", "top_k", "top_p", "enable_speculation"} & set(plain)
+
+
 def test_cached_text_completions(gateway: GatewayServer, upstream: UpstreamServer) -> None:
     with openai.OpenAI(base_url=gateway.url, api_key="k", max_retries=0) as client:
         body = {"model": MODEL, "prompt": "The weather today is", "max_tokens": 3, "temperature": 0}

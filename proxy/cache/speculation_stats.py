@@ -1,0 +1,91 @@
+"""`cache_manager.speculation` of `GET /v1/cache/stats`: the embedded engines' speculative decoding.
+
+Summed over every worker whose engine reports speculation figures (`adapters.local.EngineStats`):
+`hits` and `misses` are draft tokens accepted and rejected, `hit_rate` their percentage accepted,
+`tokens_generated` the tokens verification steps emitted (accepted drafts plus the model's own next
+token), `avg_depth` draft tokens accepted per verification step, `early_stops` drafts rejected
+before their end plus beam searches that stopped before `max_tokens` (`beam_searches`,
+`beam_early_stops` count those apart); `sources` splits the drafts by where they came from
+(`radix`: the prefix cache's tree, `prompt`: prompt lookup). Upstream engines (SGLang, vLLM)
+are not counted here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from proxy.cache.config import SpeculativeConfig
+from proxy.cache.radix_stats import percent
+from proxy.routing.engine_series import engine_beam_searches, engine_speculation
+from proxy.routing.pool import WorkerPool
+
+NOT_REPORTED = "no worker's engine reports speculative decoding (the embedded engine does)"
+
+
+class DraftSourceStats(msgspec.Struct, kw_only=True):
+    source: str
+    drafts: int
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    """Percentage of this source's draft tokens accepted."""
+
+
+class SpeculationStats(msgspec.Struct, kw_only=True):
+    implemented: bool
+    """True when a worker's engine speculates (the embedded engine with a draft source)."""
+    note: str = ""
+    hits: int = 0
+    misses: int = 0
+    hit_rate: float = 0.0
+    tokens_generated: int = 0
+    avg_depth: float = 0.0
+    early_stops: int = 0
+    verify_steps: int = 0
+    beam_searches: int = 0
+    beam_early_stops: int = 0
+    sources: list[DraftSourceStats] = msgspec.field(default_factory=list)
+    configured: SpeculativeConfig
+
+
+def speculation_stats(router: WorkerPool, configured: SpeculativeConfig) -> SpeculationStats:
+    """Every reporting engine's counters, summed."""
+    workers = router.workers()
+    reports = [f for w in workers if (f := engine_speculation(w.engine)) is not None]
+    beams = [engine_beam_searches(w.engine) for w in workers]
+    searches, beam_early = sum(b[0] for b in beams), sum(b[1] for b in beams)
+    if not reports:
+        return SpeculationStats(implemented=False, note=NOT_REPORTED, configured=configured)
+    drafted = sum(f.drafted_tokens for f in reports)
+    accepted = sum(f.accepted_tokens for f in reports)
+    steps = sum(f.verify_steps for f in reports)
+    by_source: dict[str, list[int]] = {}
+    for figures in reports:
+        for name, counts in figures.sources:
+            total = by_source.setdefault(name, [0, 0, 0])
+            total[0] += counts.drafts
+            total[1] += counts.drafted_tokens
+            total[2] += counts.accepted_tokens
+    return SpeculationStats(
+        implemented=True,
+        hits=accepted,
+        misses=drafted - accepted,
+        hit_rate=percent(accepted / drafted) if drafted else 0.0,
+        tokens_generated=sum(f.tokens_generated for f in reports),
+        avg_depth=round(accepted / steps, 3) if steps else 0.0,
+        early_stops=sum(f.early_stops for f in reports) + beam_early,
+        verify_steps=steps,
+        beam_searches=searches,
+        beam_early_stops=beam_early,
+        sources=[
+            DraftSourceStats(
+                source=name,
+                drafts=drafts,
+                drafted_tokens=tokens,
+                accepted_tokens=hits,
+                acceptance_rate=percent(hits / tokens) if tokens else 0.0,
+            )
+            for name, (drafts, tokens, hits) in by_source.items()
+        ],
+        configured=configured,
+    )
