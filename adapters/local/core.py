@@ -24,6 +24,7 @@ import torch
 
 from adapters.engine_stats import INTER_TOKEN_BUCKETS, LatencyFigures, LatencyHistogram
 from adapters.errors import EngineError, EngineOverloaded
+from adapters.local.grammar import mask_rows
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
@@ -244,6 +245,7 @@ class EngineCore:
             self.scheduler.cache_progress(seq)
         events: dict[int, list[JobEvent]] = {}
         started = finished = False
+        mask_rows(output.logits, [seq.grammar for seq in output.sampled])  # forks share their leader's start
         bias_greedy_rows(output.logits, [seq.params for seq in output.sampled])
         argmax = output.logits.argmax(dim=-1).tolist()
         now = time.monotonic()
@@ -279,6 +281,8 @@ class EngineCore:
             token, logprob = picked.token_id, picked.logprob
         seq.tokens.append(token)
         seq.sampler.observe(token)
+        if seq.grammar is not None:
+            seq.grammar.advance(token)
         delta = ChoiceDelta(
             index=seq.choice_index, token_id=token, logprobs=[logprob] if logprob is not None else []
         )

@@ -27,6 +27,7 @@ from adapters.local.chat_template import ChatTemplate
 from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore, EngineStats
 from adapters.local.delivery import Mailboxes
+from adapters.local.grammar import GrammarCompiler, OutputGrammar
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.offload import KVOffload, OffloadStats
@@ -38,7 +39,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
-from adapters.schema import GenerationRequest
+from adapters.schema import ChatCompletionRequest, GenerationRequest
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class _Loaded:
     tokenizer: TextTokenizer
     template: ChatTemplate
     limits: EngineLimits
+    grammars: GrammarCompiler
     offload: KVOffload | None = None
 
     def stop(self, flush_s: float) -> None:
@@ -176,7 +178,12 @@ class LocalEngine:
             max_n=cfg.max_running,
         )
         return _Loaded(
-            core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload
+            core=core,
+            tokenizer=tokenizer,
+            template=loaded.template,
+            limits=limits,
+            grammars=GrammarCompiler(tokenizer, spec.vocab_size),
+            offload=offload,
         )
 
     def stats(self) -> EngineStats | None:
@@ -232,8 +239,8 @@ class LocalEngine:
     async def complete(self, request: EngineRequest) -> Completion:
         """Run a request to the end and return the OpenAI body."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        prepared, grammar, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, grammar)
         try:
             while not writer.done:
                 writer.add(_raise_failure(await queue.get()))
@@ -251,8 +258,8 @@ class LocalEngine:
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
         """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        prepared, grammar, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, grammar)
         try:
             for chunk in writer.opening_chunks():
                 yield chunk
@@ -298,10 +305,17 @@ class LocalEngine:
             raise EngineError("the local engine is not started")
         return self._loaded
 
-    def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
+    def _prepare(
+        self, request: EngineRequest
+    ) -> tuple[PreparedRequest, OutputGrammar | None, ResponseWriter]:
         loaded = self._require()
         params = request.params
         prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
+        grammar = (
+            loaded.grammars.compile(params, prepared.tools)
+            if isinstance(params, ChatCompletionRequest)
+            else None
+        )
         options = params.stream_options
         writer = ResponseWriter(
             operation=request.operation,
@@ -313,10 +327,13 @@ class LocalEngine:
             logprobs=prepared.params.logprobs,
             echo=prepared.echo,
             n=params.n,
+            tools=prepared.tools,
         )
-        return prepared, writer
+        return prepared, grammar, writer
 
-    def _submit(self, prepared: PreparedRequest, salt: str) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
+    def _submit(
+        self, prepared: PreparedRequest, salt: str, grammar: OutputGrammar | None = None
+    ) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
         mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
         queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
 
@@ -325,7 +342,12 @@ class LocalEngine:
 
         job_id = next(self._job_ids)
         job = GenerationJob(
-            job_id=job_id, groups=prepared.groups, params=prepared.params, salt=salt, sink=sink
+            job_id=job_id,
+            groups=prepared.groups,
+            params=prepared.params,
+            salt=salt,
+            sink=sink,
+            grammar=grammar,
         )
         self._require().core.submit(job)
         return job_id, queue

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.errors import EngineError
+from adapters.local.grammar import GrammarState, OutputGrammar
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
 from cachelayer.radix import RadixNode
@@ -71,6 +72,8 @@ class GenerationJob:
     sink: Sink
     submitted_at: float = field(default_factory=time.monotonic)
     """When the request was handed to the engine (its queue time starts here)."""
+    grammar: OutputGrammar | None = None
+    """The grammar every choice's output must follow (`adapters.local.grammar`); None: free."""
 
 
 class Status(enum.Enum):
@@ -91,6 +94,7 @@ class Sequence:
         "choice_index",
         "finish_reason",
         "forks",
+        "grammar",
         "job",
         "last_token_at",
         "lock",
@@ -131,6 +135,8 @@ class Sequence:
         """The radix node locked while this sequence uses the cached pages under it."""
         self.forks: list[Sequence] = []
         """Sibling choices waiting for this sequence's prompt KV."""
+        self.grammar: GrammarState | None = job.grammar.start() if job.grammar is not None else None
+        """This choice's place in the job's grammar, advanced by every sampled token."""
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.admitted_at = 0
