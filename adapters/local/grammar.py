@@ -15,6 +15,9 @@ outside its grammar's allowed tokens (computed for all of them in one call), fre
 step are untouched; then each sampled token is fed back with `GrammarState.advance`. A finished
 grammar allows only EOS, so the model's own next token ends the choice with `stop`.
 
+Logprobs under a grammar are those of the distribution the token was drawn from: the model's,
+renormalised over the allowed tokens (a forced token has logprob 0); refused ones are never listed.
+
 JSON is written compact with `json.dumps`'s separators (`", "`, `": "`): flexible whitespace lets a
 small model emit blank lines until `max_tokens`.
 """

@@ -26,6 +26,8 @@ from adapters.local.tool_calls import CallDelta, CallParser, ToolPlan
 from adapters.schema import Operation, PromptTokensDetails, Usage
 
 _encode = msgspec.json.Encoder().encode
+_REFUSED = float("-inf")
+"""The logprob of a token a grammar refused: never listed among the alternatives."""
 
 
 class _Details(msgspec.Struct):
@@ -283,6 +285,7 @@ class ResponseWriter:
                         "top_logprobs": [
                             {"token": tok.piece(t), "logprob": lp, "bytes": list(tok.token_bytes[t])}
                             for t, lp in e.top
+                            if lp > _REFUSED
                         ],
                     }
                     for e in entries
@@ -296,6 +299,6 @@ class ResponseWriter:
         return {
             "tokens": [tok.piece(e.token_id) for e in entries],
             "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{tok.piece(t): lp for t, lp in e.top} for e in entries],
+            "top_logprobs": [{tok.piece(t): lp for t, lp in e.top if lp > _REFUSED} for e in entries],
             "text_offset": offsets,
         }
