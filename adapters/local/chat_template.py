@@ -20,7 +20,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from adapters.errors import InvalidRequest
-from adapters.local.tool_calls import ToolPlan, history_call_text, tools_prompt
+from adapters.local.tool_calls import ToolPlan, history_call_text, tool_result_text, tools_prompt
 from adapters.schema import ChatMessage
 
 # ChatML, used when a GGUF carries no template of its own.
@@ -113,6 +113,8 @@ def _as_template_dict(message: ChatMessage, *, native_calls: bool) -> dict[str, 
         out["tool_calls"] = message.tool_calls
     elif message.tool_calls:
         out["content"] += history_call_text(message.tool_calls)
+    elif message.role == "tool" and not native_calls:
+        out["content"] = tool_result_text(out["content"])
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     return out

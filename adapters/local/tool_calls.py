@@ -8,9 +8,11 @@ writes every call, the history's and the model's own, in one text form (the Herm
 
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
-A template that reads `tools` gets them, and each message's `tool_calls`, as `transformers` passes
-them. Either way the grammar (`adapters.local.grammar`) holds the model's own calls to this form,
-so a call always parses; with `tool_choice` `auto` an answer that starts with `<` is a call.
+and a `tool` message's content as `<tool_response>{content}</tool_response>` (SmolLM2-135M, shown
+a bare result, copies the call again; shown it wrapped, it answers with it). A template that reads
+`tools` gets them, and each message's `tool_calls`, as `transformers` passes them. Either way the
+grammar (`adapters.local.grammar`) holds the model's own calls to this form, so a call always
+parses; with `tool_choice` `auto` an answer that starts with `<` is a call.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from adapters.schema import ChatCompletionRequest
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+RESULT_OPEN = "<tool_response>"
+RESULT_CLOSE = "</tool_response>"
 _NAME_KEY = '{"name": "'
 _ARGUMENTS_KEY = '", "arguments": '
 _END = "}" + CALL_CLOSE
@@ -123,12 +127,14 @@ def tools_prompt(plan: ToolPlan) -> str:
     rule = (
         "Answer with a call to one of them and nothing else."
         if plan.required
-        else "Call one when it helps to answer; otherwise answer in plain text."
+        else "Call one when you need its result; once a tool message holds the result, answer the user "
+        "in plain text with it."
     )
     return (
         f"You can call these functions (one JSON description per line):\n{listing}\n"
         f"A call is written as {CALL_OPEN}{_NAME_KEY}<function name>{_ARGUMENTS_KEY}<arguments as a JSON "
-        f"object>{_END}, and its result comes back in a tool message. {rule}"
+        f"object>{_END}; its result comes back in a tool message as {RESULT_OPEN}<result>{RESULT_CLOSE}. "
+        + rule
     )
 
 
@@ -144,6 +150,11 @@ def history_call_text(tool_calls: list[dict[str, Any]]) -> str:
         arguments = function.get("arguments")
         parts.append(call_text(function["name"], arguments if isinstance(arguments, str) else "{}"))
     return "".join(parts)
+
+
+def tool_result_text(content: str) -> str:
+    """A tool message's content as the model reads it (the Hermes style's wrapper)."""
+    return f"{RESULT_OPEN}{content}{RESULT_CLOSE}"
 
 
 @dataclass(slots=True)

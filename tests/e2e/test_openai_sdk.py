@@ -134,7 +134,7 @@ def test_streamed_tool_call_deltas_and_structured_fields_pass_through(
             },
             logprobs=True,
             top_logprobs=3,
-            max_completion_tokens=50,  # without one, the gateway writes its default cap in (test_request_bounds)
+            max_completion_tokens=50,  # else the gateway writes its default cap in (test_request_bounds)
             stream=True,
         )
         chunks = list(stream)

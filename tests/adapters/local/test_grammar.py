@@ -144,5 +144,5 @@ def test_tools_and_their_history_are_rendered_for_a_template_without_tools(loade
     assert prepared.groups[0].prompt == loaded.tokenizer.encode(prompt)
     assert '"name": "get_weather"' in prompt.split("<|im_start|>user")[0]  # listed in the system message
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in prompt
-    assert "<|im_start|>tool\n12 C, rain<|im_end|>" in prompt
+    assert "<|im_start|>tool\n<tool_response>12 C, rain</tool_response><|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")

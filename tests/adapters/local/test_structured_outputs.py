@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from adapters.local import LocalEngine
-from adapters.schema import StreamOptions
-from tests.adapters.local.conftest import chat, collect_stream, streamed_text
+from adapters.schema import ChatCompletionRequest, ChatMessage, StreamOptions
+from tests.adapters.local.conftest import chat, collect_stream, streamed_text, wrap
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,10 @@ def json_format(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 async def answer(engine: LocalEngine, question: str, **fields: Any) -> dict[str, Any]:
-    return json.loads((await engine.complete(chat(question, **{"max_tokens": 80, **fields}))).body)
+    body: dict[str, Any] = json.loads(
+        (await engine.complete(chat(question, **{"max_tokens": 80, **fields}))).body
+    )
+    return body
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
@@ -196,16 +199,18 @@ async def test_auto_answers_in_text_when_no_call_is_made_and_reads_tool_results(
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
     }
-    history = chat(
-        "What is the weather in Paris?", tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=30
+    history = ChatCompletionRequest(
+        model="test",
+        messages=[
+            ChatMessage(role="user", content="What is the weather in Paris?"),
+            ChatMessage(role="assistant", content=None, tool_calls=[call]),
+            ChatMessage(role="tool", content="Sunny, 24 C", tool_call_id="call_1"),
+        ],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=30,
     )
-    history.params.messages.extend(
-        [
-            type(history.params.messages[0])(role="assistant", content=None, tool_calls=[call]),
-            type(history.params.messages[0])(role="tool", content="Sunny, 24 C", tool_call_id="call_1"),
-        ]
-    )
-    reply = json.loads((await engine.complete(history)).body)["choices"][0]
+    reply = json.loads((await engine.complete(wrap(history, "chat"))).body)["choices"][0]
     assert reply["finish_reason"] in ("stop", "length") and reply["message"]["content"]
 
 
