@@ -98,3 +98,8 @@ async def test_agents_sdk_function_tool_round_trip(agents_model: OpenAIChatCompl
     result = await Runner.run(agent, "What is the weather in Paris?", run_config=NO_TRACES, max_turns=4)
     assert asked == ["Paris"]
     assert isinstance(result.final_output, str) and result.final_output
+    # Streamed: the SDK assembles the call from the engine's tool-call deltas.
+    streamed = Runner.run_streamed(agent, "What is the weather in Paris?", run_config=NO_TRACES, max_turns=4)
+    kinds = [event.type async for event in streamed.stream_events()]
+    assert asked == ["Paris", "Paris"] and "raw_response_event" in kinds
+    assert isinstance(streamed.final_output, str) and streamed.final_output
