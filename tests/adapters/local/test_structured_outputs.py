@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -240,3 +241,10 @@ async def test_logprobs_under_a_grammar_are_those_of_the_allowed_tokens(engine: 
     assert all(
         len(e["top_logprobs"]) >= 1 and all(t["logprob"] > -1e30 for t in e["top_logprobs"]) for e in content
     )
+
+
+async def test_hosts_without_avx512_enforce_the_schema_too(make_engine: Callable[..., LocalEngine]) -> None:
+    stock = make_engine(c_kernels=False)  # torch's kernels: the path of every host without AVX-512
+    question, schema = SCHEMAS["person"]
+    body = await answer(stock, question, temperature=0, response_format=json_format(schema))
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
