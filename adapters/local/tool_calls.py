@@ -75,8 +75,9 @@ def tool_plan(params: ChatCompletionRequest) -> ToolPlan | None:
         return None
     if choice == "required":
         return ToolPlan(offered=offered, callable=offered, required=True)
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name")
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict):
+        name = function.get("name")
         named = [f for f in offered if f.name == name]
         if not named:
             raise InvalidRequest(f"tool_choice names a function not in tools: {name!r}", param="tool_choice")

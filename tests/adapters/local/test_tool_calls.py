@@ -53,6 +53,7 @@ def test_none_and_no_tools_mean_no_plan() -> None:
     [
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
             "tool_choice",
