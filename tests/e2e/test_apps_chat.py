@@ -78,6 +78,18 @@ async def test_agents_sdk_chat_completions_model_answers(agents_model: OpenAICha
     assert "Paris" in result.final_output
 
 
+async def test_agents_sdk_structured_output_type(agents_model: OpenAIChatCompletionsModel) -> None:
+    agent = Agent(
+        name="geographer",
+        instructions="Name the city the user asks for and its country.",
+        model=agents_model,
+        output_type=City,  # response_format json_schema, strict: the engine holds the answer to it
+        model_settings=ModelSettings(temperature=0, max_tokens=60),
+    )
+    result = await Runner.run(agent, "What is the capital of France?", run_config=NO_TRACES)
+    assert isinstance(result.final_output, City) and result.final_output.name
+
+
 async def test_agents_sdk_function_tool_round_trip(agents_model: OpenAIChatCompletionsModel) -> None:
     asked: list[str] = []
 
