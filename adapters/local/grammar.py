@@ -11,7 +11,7 @@ of microseconds.
 One `OutputGrammar` per request, compiled on the event loop so that a schema the library refuses is
 a 400 before any work; one `GrammarState` per choice, a copy of the request's matcher. The engine
 thread calls `mask_rows` once a step where logits become tokens: each constrained row gets -inf
-outside its grammar's allowed tokens (computed for all of them in one call), free rows of the same
+outside its grammar's allowed tokens (all rows' masks filled into one bitmask), free rows of the same
 step are untouched; then each sampled token is fed back with `GrammarState.advance`. A finished
 grammar allows only EOS, so the model's own next token ends the choice with `stop`.
 
@@ -24,7 +24,6 @@ small model emit blank lines until `max_tokens`.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from typing import Any
@@ -157,11 +156,6 @@ class GrammarState:
             logger.warning("grammar refused token %d: %s", token, self.matcher.get_error())
 
 
-@functools.cache
-def _executor() -> llguidance.LLExecutor:
-    return llguidance.LLExecutor()
-
-
 def mask_rows(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
     """Set to -inf, in place, every token that row i's grammar (`states[i]`) does not allow now;
     rows without a grammar are left as they are."""
@@ -170,12 +164,13 @@ def mask_rows(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
         return
     vocab = logits.shape[1]
     bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), vocab)
-    llguidance.numpy.fill_next_token_bitmask_par(
-        _executor(), [(state.matcher, k) for k, (_, state) in enumerate(rows)], bitmask
+    # One row after another on this thread: llguidance's thread pool (`LLExecutor`) was slower per row
+    # on the 2-core box, its workers waiting for cores (benchmarks/results/structured_outputs.md).
+    for k, (_, state) in enumerate(rows):
+        llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, k)
+    refused = (
+        torch.from_numpy(np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]) == 0
     )
-    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-    refused = torch.from_numpy(bits) == 0
-    index = torch.tensor([i for i, _ in rows])
     with torch.inference_mode():  # the step's logits are inference tensors (`ModelRunner.run`)
-        constrained = logits.index_select(0, index).masked_fill_(refused, float("-inf"))
-        logits.index_copy_(0, index, constrained)
+        for k, (row, _) in enumerate(rows):
+            logits[row].masked_fill_(refused[k], float("-inf"))
