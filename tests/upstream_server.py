@@ -1,10 +1,10 @@
 """A real OpenAI-compatible HTTP server on loopback, for tests of everything in front of an upstream.
 
 It speaks HTTP/1.1 (h11) on its own event loop in a thread, answers `/v1/chat/completions`,
-`/v1/completions` (JSON or SSE, `n`, `max_tokens`, `stream_options.include_usage`, `tools`),
-`/v1/embeddings` (vectors derived from each input's SHA-256, `float` or `base64`) and `/v1/models`,
-records every request byte for byte, notices when a client closes the connection before the answer
-is complete, and injects faults scripted per request:
+`/v1/completions` (JSON or SSE, `n`, `max_tokens`, `stream_options.include_usage`, `tools`: a call,
+streamed as OpenAI's tool-call deltas), `/v1/embeddings` (vectors derived from each input's SHA-256,
+`float` or `base64`) and `/v1/models`, records every request byte for byte, notices when a client
+closes the connection before the answer is complete, and injects faults scripted per request:
 
     upstream.faults.append(Fault(status=429))            # the next request gets a 429
     upstream.faults.append(Fault(drop_after_chunks=2))   # ... or a connection cut mid-stream
@@ -379,6 +379,21 @@ def _chunks(body: dict[str, Any], chat: bool, number: int) -> list[dict[str, Any
     chunks: list[dict[str, Any]] = []
     if chat:
         chunks += [chunk(i, {"role": "assistant", "content": ""}, None) for i in range(n)]
+    tool_call = _tool_call(body) if chat else None
+    if tool_call is not None:  # OpenAI's deltas: id, type and name first, then the arguments in pieces
+        function = tool_call["function"]
+        opening = {**tool_call, "index": 0, "function": {"name": function["name"], "arguments": ""}}
+        arguments = function["arguments"]
+        pieces = [arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]]
+        for i in range(n):
+            chunks.append(chunk(i, {"tool_calls": [opening]}, None))
+            chunks += [
+                chunk(i, {"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, None) for p in pieces
+            ]
+            chunks.append(chunk(i, {}, "tool_calls"))
+        if include_usage:
+            chunks.append({**base, "choices": [], "usage": _usage(body, 0)})
+        return chunks
     for word in words:
         chunks += [chunk(i, {"content": word} if chat else word, None) for i in range(n)]
     chunks += [chunk(i, {} if chat else "", finish) for i in range(n)]

@@ -28,6 +28,7 @@ from adapters.local.beam_group import BeamGroup
 from adapters.local.beams import BeamState
 from adapters.local.drafts import Drafter, SpeculationFigures
 from adapters.local.emit import TokenEmitter, can_speculate
+from adapters.local.grammar import mask_rows
 from adapters.local.loader import release_heap
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner, StepOutput
@@ -241,7 +242,8 @@ class EngineCore:
                 index = group.first_index + offset
                 sampler = SamplerState(job.params, self.runner.model.spec.vocab_size, group.prompt, index)
                 seq = Sequence(job, group.prompt, index, sampler, TextStream(self.tokenizer, job.params.stop))
-                if self.drafter is not None and job.speculate and can_speculate(job.params):
+                speculates = job.speculate and job.grammar is None and can_speculate(job.params)
+                if self.drafter is not None and speculates:
                     seq.spec = self.drafter.state()
                 seqs.append(seq)
                 if leader is None:
@@ -266,6 +268,8 @@ class EngineCore:
         events: dict[int, list[JobEvent]] = {}
         started = finished = False
         row_params = [seq.params for seq in output.sampled for _ in range(1 + len(seq.draft))]
+        # A constrained sequence never drafts (`_enqueue`), so its one row is its grammar's next token.
+        mask_rows(output.logits, [seq.grammar for seq in output.sampled for _ in range(1 + len(seq.draft))])
         bias_greedy_rows(output.logits, row_params)
         argmax = output.logits.argmax(dim=-1).tolist()
         now = time.monotonic()

@@ -95,6 +95,8 @@ class TokenEmitter:
             token, logprob = picked.token_id, picked.logprob
         seq.tokens.append(token)
         seq.sampler.observe(token)
+        if seq.grammar is not None:
+            seq.grammar.advance(token)
         delta = ChoiceDelta(
             index=seq.choice_index, token_id=token, logprobs=[logprob] if logprob is not None else []
         )

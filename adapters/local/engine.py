@@ -28,6 +28,7 @@ from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore, EngineStats
 from adapters.local.delivery import Mailboxes
 from adapters.local.drafts import Drafter
+from adapters.local.grammar import GrammarCompiler, OutputGrammar
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.offload import KVOffload, OffloadStats
@@ -39,7 +40,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
-from adapters.schema import GenerationRequest, PassThroughRequest
+from adapters.schema import ChatCompletionRequest, GenerationRequest, PassThroughRequest
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class _Loaded:
     tokenizer: TextTokenizer
     template: ChatTemplate
     limits: EngineLimits
+    grammars: GrammarCompiler
     offload: KVOffload | None = None
 
     def stop(self, flush_s: float) -> None:
@@ -186,7 +188,12 @@ class LocalEngine:
             max_beam_width=min(cfg.beam_width, cfg.max_running),
         )
         return _Loaded(
-            core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload
+            core=core,
+            tokenizer=tokenizer,
+            template=loaded.template,
+            limits=limits,
+            grammars=GrammarCompiler(tokenizer, spec.vocab_size),
+            offload=offload,
         )
 
     def stats(self) -> EngineStats | None:
@@ -252,8 +259,8 @@ class LocalEngine:
     async def complete(self, request: EngineRequest) -> Completion:
         """Run a request to the end and return the OpenAI body."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation)
+        prepared, grammar, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation, grammar)
         try:
             while not writer.done:
                 writer.add(_raise_failure(await queue.get()))
@@ -271,8 +278,8 @@ class LocalEngine:
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
         """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation)
+        prepared, grammar, writer = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation, grammar)
         try:
             for chunk in writer.opening_chunks():
                 yield chunk
@@ -318,7 +325,9 @@ class LocalEngine:
             raise EngineError("the local engine is not started")
         return self._loaded
 
-    def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
+    def _prepare(
+        self, request: EngineRequest
+    ) -> tuple[PreparedRequest, OutputGrammar | None, ResponseWriter]:
         params = request.params
         if isinstance(params, PassThroughRequest):  # the router sends it no other kind
             raise InvalidRequest(
@@ -329,6 +338,14 @@ class LocalEngine:
             )
         loaded = self._require()
         prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
+        grammar = (
+            loaded.grammars.compile(params, prepared.tools)
+            if isinstance(params, ChatCompletionRequest)
+            else None
+        )
+        if grammar is not None and prepared.params.beam_search:  # beams advance no grammar
+            param = "tools" if prepared.tools is not None else "response_format"
+            raise InvalidRequest(f"{param} is not supported with use_beam_search", param=param)
         options = params.stream_options
         writer = ResponseWriter(
             operation=request.operation,
@@ -340,11 +357,16 @@ class LocalEngine:
             logprobs=prepared.params.logprobs,
             echo=prepared.echo,
             n=params.n,
+            tools=prepared.tools,
         )
-        return prepared, writer
+        return prepared, grammar, writer
 
     def _submit(
-        self, prepared: PreparedRequest, salt: str, speculate: bool | None
+        self,
+        prepared: PreparedRequest,
+        salt: str,
+        speculate: bool | None,
+        grammar: OutputGrammar | None = None,
     ) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
         mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
         queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
@@ -360,6 +382,7 @@ class LocalEngine:
             salt=salt,
             sink=sink,
             speculate=self.config.speculative if speculate is None else speculate,
+            grammar=grammar,
         )
         self._require().core.submit(job)
         return job_id, queue

@@ -5,6 +5,10 @@ first chat chunk of each choice carries `delta.role` (and `content: ""`); text a
 `delta.content` (chat) or `text` (completions); a choice ends with a chunk whose delta is empty
 and whose `finish_reason` is set. With `stream_options.include_usage`, every chunk has
 `usage: null` and a last chunk with `choices: []` carries the usage.
+
+A chat request with tools reads each choice's text through a `CallParser`: a call comes out as
+`message.tool_calls` (content null) and `finish_reason` `tool_calls`; streamed, as OpenAI's deltas
+(`tool_calls[0]` with id, type and name first, then `function.arguments` pieces).
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import msgspec
 from adapters.local.sampling import TokenLogprob
 from adapters.local.sequence import ChoiceDelta
 from adapters.local.tokenizer import TextTokenizer
+from adapters.local.tool_calls import CallDelta, CallParser, ToolPlan
 from adapters.schema import CompletionTokensDetails, Operation, PromptTokensDetails, Usage
 
 _encode = msgspec.json.Encoder().encode
+_REFUSED = float("-inf")
+"""The logprob of a token a grammar refused: never listed among the alternatives."""
 
 
 class _Details(msgspec.Struct):
@@ -45,13 +52,16 @@ class _Usage(msgspec.Struct, omit_defaults=True):
 class _Choice:
     """Accumulated state of one choice."""
 
-    __slots__ = ("finish_reason", "logprobs", "offset", "text")
+    __slots__ = ("calls", "content", "finish_reason", "logprobs", "offset", "text")
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, tools: ToolPlan | None) -> None:
         self.text: list[str] = [prefix] if prefix else []
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.offset = len(prefix)  # characters so far, for completions' text_offset
+        self.calls = CallParser(tools) if tools is not None else None
+        self.content: list[str] = []
+        """With tools: the text that is not a call."""
 
 
 class ResponseWriter:
@@ -69,6 +79,7 @@ class ResponseWriter:
         logprobs: bool = False,
         echo: list[str] | None = None,
         n: int = 1,
+        tools: ToolPlan | None = None,
     ) -> None:
         self.chat = operation == "chat"
         self.id = f"chatcmpl-{uuid.uuid4().hex}" if self.chat else f"cmpl-{uuid.uuid4().hex}"
@@ -79,7 +90,7 @@ class ResponseWriter:
         self.include_usage = include_usage
         self.logprobs = logprobs
         self._echo = [echo[i // n] for i in range(choices)] if echo else [""] * choices
-        self._choices = [_Choice(prefix) for prefix in self._echo]
+        self._choices = [_Choice(prefix, tools if self.chat else None) for prefix in self._echo]
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.accepted_drafts = 0
@@ -127,7 +138,10 @@ class ResponseWriter:
         for delta in deltas:
             choice = self._choices[delta.index]
             offset = choice.offset
-            self._record(delta)
+            calls = self._record(delta)
+            if calls is not None:
+                out.extend(self._call_chunks(delta, calls))
+                continue
             if delta.text or delta.logprobs:
                 body = {"content": delta.text} if self.chat else delta.text
                 out.append(self._chunk([self._chunk_choice(delta.index, body, delta.logprobs, offset)]))
@@ -137,6 +151,33 @@ class ResponseWriter:
                         [self._chunk_choice(delta.index, {} if self.chat else "", finish=delta.finish_reason)]
                     )
                 )
+        return out
+
+    def _call_chunks(self, delta: ChoiceDelta, calls: CallDelta) -> list[bytes]:
+        """A tools request's chunks for one delta: content, or the call's opening and arguments."""
+        bodies: list[dict[str, Any]] = []
+        if calls.content:
+            bodies.append({"content": calls.content})
+        if calls.opened is not None:
+            call_id, name = calls.opened
+            opening = {
+                "index": 0,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
+            bodies.append({"tool_calls": [opening]})
+        if calls.arguments:
+            bodies.append({"tool_calls": [{"index": 0, "function": {"arguments": calls.arguments}}]})
+        if delta.logprobs and not bodies:
+            bodies.append({})
+        out = [
+            self._chunk([self._chunk_choice(delta.index, body, delta.logprobs if i == 0 else None)])
+            for i, body in enumerate(bodies)
+        ]
+        reason = self._choices[delta.index].finish_reason
+        if delta.finish_reason is not None:
+            out.append(self._chunk([self._chunk_choice(delta.index, {}, finish=reason)]))
         return out
 
     def usage_chunk(self) -> bytes:
@@ -176,7 +217,7 @@ class ResponseWriter:
             text = "".join(choice.text)
             lp = self._logprobs(choice.logprobs, len(self._echo[index])) if self.logprobs else None
             if self.chat:
-                message = {"role": "assistant", "content": text}
+                message = self._message(choice, text)
                 choices.append(
                     {
                         "index": index,
@@ -193,22 +234,49 @@ class ResponseWriter:
             self._envelope("chat.completion" if self.chat else "text_completion", choices, self._usage())
         )
 
+    @staticmethod
+    def _message(choice: _Choice, text: str) -> dict[str, Any]:
+        calls = choice.calls
+        if calls is None:
+            return {"role": "assistant", "content": text}
+        if calls.name is None:
+            return {"role": "assistant", "content": "".join(choice.content)}
+        function = {"name": calls.name, "arguments": calls.arguments}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": calls.call_id, "type": "function", "function": function}],
+        }
+
     # ---- shared ------------------------------------------------------------------------------
 
-    def _record(self, delta: ChoiceDelta) -> None:
+    def _record(self, delta: ChoiceDelta) -> CallDelta | None:
+        """Record `delta`; with tools, also what it adds to the choice's content or call."""
         choice = self._choices[delta.index]
+        calls = None
+        if choice.calls is not None:
+            calls = choice.calls.push(delta.text)
+            if delta.finish_reason is not None:
+                tail = choice.calls.finish()
+                calls.content += tail.content
+                calls.arguments += tail.arguments
+            choice.content.append(calls.content)
         if delta.text:
             choice.text.append(delta.text)
         choice.logprobs.extend(delta.logprobs)
         for entry in delta.logprobs:
             choice.offset += len(self.tokenizer.piece(entry.token_id))
         if delta.finish_reason is not None:
-            choice.finish_reason = delta.finish_reason
+            called = choice.calls is not None and choice.calls.called
+            choice.finish_reason = (
+                "tool_calls" if called and delta.finish_reason == "stop" else delta.finish_reason
+            )
             self.completion_tokens += delta.completion_tokens
             self.cached_tokens += delta.cached_tokens
             self.accepted_drafts += delta.accepted_drafts
             self.rejected_drafts += delta.rejected_drafts
             self._open -= 1
+        return calls
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]], usage: object) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model_id}
@@ -245,6 +313,7 @@ class ResponseWriter:
                         "top_logprobs": [
                             {"token": tok.piece(t), "logprob": lp, "bytes": list(tok.token_bytes[t])}
                             for t, lp in e.top
+                            if lp > _REFUSED
                         ],
                     }
                     for e in entries
@@ -258,6 +327,6 @@ class ResponseWriter:
         return {
             "tokens": [tok.piece(e.token_id) for e in entries],
             "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{tok.piece(t): lp for t, lp in e.top} for e in entries],
+            "top_logprobs": [{tok.piece(t): lp for t, lp in e.top if lp > _REFUSED} for e in entries],
             "text_offset": offsets,
         }

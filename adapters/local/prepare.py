@@ -14,6 +14,7 @@ from adapters.local.chat_template import ChatTemplate
 from adapters.local.sampling import SamplingParams
 from adapters.local.sequence import PromptGroup
 from adapters.local.tokenizer import TextTokenizer
+from adapters.local.tool_calls import ToolPlan, tool_plan
 from adapters.schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 
 MAX_TOP_LOGPROBS = 20
@@ -41,6 +42,8 @@ class PreparedRequest:
     prompt_tokens: int
     echo: list[str] | None
     """Completions with `echo`: each prompt's text, which its choices start with."""
+    tools: ToolPlan | None = None
+    """Chat with tools the model may call now (listed in its prompt)."""
 
 
 def prepare(
@@ -50,8 +53,10 @@ def prepare(
     n = params.n
     if not 1 <= n <= limits.max_n:
         raise InvalidRequest(f"n must be between 1 and {limits.max_n}", param="n")
+    tools = None
     if isinstance(params, ChatCompletionRequest):
-        prompts = [_chat_prompt(params, tokenizer, template)]
+        tools = tool_plan(params)
+        prompts = [_chat_prompt(params, tokenizer, template, tools)]
         echo = None
     else:
         prompts = _completion_prompts(params, tokenizer, limits.vocab_size)
@@ -78,22 +83,16 @@ def prepare(
         )
     sampling = _sampling(params, limit if limit is not None else room - longest, limits)
     return PreparedRequest(
-        groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo
+        groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo, tools=tools
     )
 
 
 def _chat_prompt(
-    params: ChatCompletionRequest, tokenizer: TextTokenizer, template: ChatTemplate
+    params: ChatCompletionRequest, tokenizer: TextTokenizer, template: ChatTemplate, tools: ToolPlan | None
 ) -> list[int]:
     if not params.messages:
         raise InvalidRequest("messages must not be empty", param="messages")
-    if params.tools:
-        raise InvalidRequest("tools are not supported by the local engine", param="tools")
-    if params.response_format and params.response_format.get("type", "text") != "text":
-        raise InvalidRequest(
-            "response_format other than text is not supported by the local engine", param="response_format"
-        )
-    return tokenizer.encode(template.render(params.messages))
+    return tokenizer.encode(template.render(params.messages, tools=tools))
 
 
 def _completion_prompts(params: CompletionRequest, tokenizer: TextTokenizer, vocab: int) -> list[list[int]]:

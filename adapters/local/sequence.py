@@ -23,6 +23,7 @@ from adapters.local.drafts import DraftState
 
 if TYPE_CHECKING:
     from adapters.local.beam_group import BeamGroup
+from adapters.local.grammar import GrammarState, OutputGrammar
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
 from cachelayer.radix import RadixNode
@@ -82,6 +83,8 @@ class GenerationJob:
     """Draft and verify several tokens a step where the sampling allows (`adapters.local.drafts`)."""
     submitted_at: float = field(default_factory=time.monotonic)
     """When the request was handed to the engine (its queue time starts here)."""
+    grammar: OutputGrammar | None = None
+    """The grammar every choice's output must follow (`adapters.local.grammar`); None: free."""
 
 
 class Status(enum.Enum):
@@ -104,6 +107,7 @@ class Sequence:
         "draft",
         "finish_reason",
         "forks",
+        "grammar",
         "job",
         "last_token_at",
         "lock",
@@ -151,6 +155,8 @@ class Sequence:
         """Drafting state, for a sequence that speculates."""
         self.draft: list[int] = []
         """Tokens this step verifies after the sequence's last one (their K/V is computed with it)."""
+        self.grammar: GrammarState | None = job.grammar.start() if job.grammar is not None else None
+        """This choice's place in the job's grammar, advanced by every sampled token."""
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.admitted_at = 0

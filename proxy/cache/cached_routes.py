@@ -38,8 +38,8 @@ import msgspec
 from litestar.handlers import ASGIRouteHandler, asgi
 
 from adapters.schema import Operation
-from proxy.cache.config import SpeculativeConfig
 from proxy.asgi_types import Receive, Scope, Send
+from proxy.cache.config import SpeculativeConfig
 from proxy.cache.decorate import AnswerDecorator
 from proxy.cache.step import CachedCall
 from proxy.errors import ApiError, split_validation_error
@@ -77,7 +77,11 @@ def cached_handlers(
 ) -> list[ASGIRouteHandler]:
     """The two cached generation routes over one pipeline; `speculative` gives the sampling
     settings a request with `enable_speculation: true` leaves out."""
-    sampling = {"temperature": speculative.temperature, "top_k": speculative.top_k, "top_p": speculative.top_p}
+    sampling = {
+        "temperature": speculative.temperature,
+        "top_k": speculative.top_k,
+        "top_p": speculative.top_p,
+    }
 
     async def handle(operation: Operation, scope: Scope, receive: Receive, send: Send) -> None:
         """Strip the extras, run the pipeline with them as explicit options, decorate its answer."""

@@ -116,6 +116,37 @@ def test_unknown_fields_and_tools_reach_the_upstream_byte_identical(
     assert received.json["vendor_extension"] == {"nested": [1, 2.5, None, "ü"]}
 
 
+def test_streamed_tool_call_deltas_and_structured_fields_pass_through(
+    gateway: GatewayServer, upstream: UpstreamServer
+) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    sent: list[bytes] = []
+    with _recording_sdk(gateway, sent) as sdk:
+        stream = sdk.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "w", "schema": schema, "strict": True},
+            },
+            logprobs=True,
+            top_logprobs=3,
+            max_completion_tokens=50,  # else the gateway writes its default cap in (test_request_bounds)
+            stream=True,
+        )
+        chunks = list(stream)
+    assert upstream.generation_requests()[0].body == sent[0]
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert (
+        calls[0].id == "call_1" and calls[0].function is not None and calls[0].function.name == "get_weather"
+    )
+    assert "".join((c.function.arguments or "") for c in calls if c.function) == '{"city": "Paris"}'
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+
+
 def test_stream_unknown_fields_pass_through(gateway: GatewayServer, upstream: UpstreamServer) -> None:
     sent: list[bytes] = []
     with _recording_sdk(gateway, sent) as sdk:

@@ -39,8 +39,8 @@ def chat(**fields: Any) -> ChatCompletionRequest:
         ({"stop_token_ids": [49152]}, "stop_token_ids"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": 101.0}}, "logit_bias"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
     ],
 )
 def test_bad_chat_values_are_400(loaded: LoadedModel, fields: dict[str, Any], param: str) -> None:
