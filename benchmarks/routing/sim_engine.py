@@ -7,6 +7,10 @@ Endpoints: `POST /generate` (text or `input_ids`; streaming sends cumulative `te
 `GET /v1/models`, `/health`, `/health_generate`, `/server_info` and `/get_server_info`,
 `/get_model_info`, `/metrics` (`sglang:` names), `POST /flush_cache` (400 while busy) and
 `POST /tokenize`. It is a plain ASGI app on uvicorn, so many instances fit on two cores.
+
+`--offer-tokenizer` says how much of its tokenizer the worker lets a router find, as real servers
+differ: `path` (its tokenizer's path in `/server_info`, as SGLang, plus `/tokenize`), `tokenize`
+(`/tokenize` only: the path is on another host) or `none` (neither: an OpenAI-compatible server).
 """
 
 from __future__ import annotations
@@ -59,8 +63,14 @@ class SimServer:
     """Routes HTTP requests to one `SimEngine`."""
 
     def __init__(
-        self, engine: SimEngine, tokenizer: HFTokenizer | ByteTokenizer, model: str, chat: ChatRenderer
+        self,
+        engine: SimEngine,
+        tokenizer: HFTokenizer | ByteTokenizer,
+        model: str,
+        chat: ChatRenderer,
+        offer: str = "path",
     ):
+        self.offer = offer
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
@@ -129,7 +139,7 @@ class SimServer:
                 await send_body(
                     send, 400, b"Cache not flushed. Please check if the server is idle.\n", "text/plain"
                 )
-        elif path == "/tokenize" and method == "POST":
+        elif path == "/tokenize" and method == "POST" and self.offer != "none":
             prompt = msgspec.json.decode(body).get("prompt", "")
             tokens = self.tokenizer.encode_now(prompt)
             await send_json(
@@ -272,7 +282,9 @@ class SimServer:
 
     def _server_info(self) -> dict[str, Any]:
         config = self.engine.config
+        paths = {"tokenizer_path": self.tokenizer.source} if self.offer == "path" else {}
         return {
+            **paths,
             "model_path": self.model,
             "served_model_name": self.model,
             "max_total_num_tokens": config.capacity_tokens,
@@ -331,10 +343,11 @@ async def _abort_on_disconnect(receive: Receive, engine: SimEngine, request: Sim
             return
 
 
-def build_app(config: SimConfig, tokenizer_spec: str | None, model: str) -> SimServer:
+def build_app(config: SimConfig, tokenizer_spec: str | None, model: str, offer: str = "path") -> SimServer:
     """The ASGI app of one simulated worker."""
     tokenizer = load_tokenizer(tokenizer_spec)
-    return SimServer(SimEngine(config), tokenizer, model, ChatRenderer(load_chat_template(tokenizer_spec)))
+    chat = ChatRenderer(load_chat_template(tokenizer_spec))
+    return SimServer(SimEngine(config), tokenizer, model, chat, offer)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,13 +359,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="sim-model")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or .gguf; default: UTF-8 bytes")
+    parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="path")
     defaults = SimConfig()
     for name in SimConfig.__dataclass_fields__:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=type(getattr(defaults, name)), default=getattr(defaults, name))
     args = parser.parse_args(argv)
     config = SimConfig(**{name: getattr(args, name) for name in SimConfig.__dataclass_fields__})
-    app = build_app(config, args.tokenizer, args.model)
+    app = build_app(config, args.tokenizer, args.model, args.offer_tokenizer)
     # Keep idle connections longer than any client pool does, so a reused connection is never a closed one.
     uvicorn.run(
         app,

@@ -43,6 +43,7 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     requests: int
     failures: int
     tree_tokens: int
+    """Keys in the routing tree (token ids, or UTF-8 bytes: see `units_per_token`)."""
     tree_nodes: int
     tree_memory_bytes: int
     capacity_tokens: int
@@ -55,6 +56,12 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     mispredictions: int
     tokenizers: dict[str, str]
     """Per model the worker serves: "tokenizer.json", "gguf", "engine" or "bytes" (the UTF-8 fallback)."""
+    tokenizer_sources: dict[str, str]
+    """Per model: "config", or where discovery found it (a path, `WORKER/tokenize`, "utf-8")."""
+    units_per_token: float
+    """Tree keys per engine token: 1 for token ids, the learned bytes per token for a byte tree."""
+    bytes_per_token: dict[str, float]
+    """Per byte-routed model, the prompt bytes per engine token learned from reported `prompt_tokens`."""
     engine_load: dict[str, float]
 
 
@@ -98,6 +105,9 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
         reported_cached_tokens=worker.reported_cached_tokens,
         mispredictions=worker.mispredictions,
         tokenizers=pool.prompts.kinds(models),
+        tokenizer_sources=pool.prompts.sources(models),
+        units_per_token=round(worker.units_per_token, 3),
+        bytes_per_token={model: round(ratio, 3) for model, ratio in worker.bytes_per_token.items()},
         engine_load=dict(worker.engine_load),
     )
 

@@ -82,12 +82,15 @@ class CacheAware:
                 and w.in_flight / w.weight > settings.balance_rel * min_busy
             )
         ]
-        matches = {w.id: w.match(tokens) for w in pool}
-        best = max(matches.values())
-        if best / length < settings.match_threshold:
+        scale = context.units_per_token
+        # Matches and lengths in the engine's tokens (a byte tree's keys divided by bytes per token).
+        matches = {w.id: w.match(tokens) / scale.get(w.id, 1.0) for w in pool}
+        lengths = {w.id: length / scale.get(w.id, 1.0) for w in pool}
+        best = max(matches[w.id] / lengths[w.id] for w in pool)
+        if best < settings.match_threshold:
             worker = least_loaded(pool, self._rotation)
             reason = "imbalance" if len(pool) < len(candidates) else "least_load"
-            return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
+            return _decision(worker, reason, matches)
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
         fast = order
@@ -95,16 +98,21 @@ class CacheAware:
             # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
             waits = {
                 w.id: w.prefill_wait(context.now)
-                + (length - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
+                + (lengths[w.id] - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
                 for w in order
             }
             cutoff = min(waits.values()) + settings.ttft_slack_s
             fast = [w for w in order if waits[w.id] <= cutoff]
 
         def cost(w: Worker) -> tuple[float, float]:
-            work = (settings.prefill_weight * (length - matches[w.id]) + w.queued_work) / w.weight
+            work = (settings.prefill_weight * (lengths[w.id] - matches[w.id]) + w.queued_work) / w.weight
             return work, w.in_flight / w.weight
 
         worker = min(fast, key=cost)
         reason = "best_cost" if len(fast) == count or cost(worker) <= min(map(cost, order)) else "ttft"
-        return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
+        return _decision(worker, reason, matches)
+
+
+def _decision(worker: Worker, reason: str, matches: dict[str, float]) -> Decision:
+    rounded = {worker_id: round(tokens) for worker_id, tokens in matches.items()}
+    return Decision(worker=worker, match_tokens=rounded[worker.id], reason=reason, matches=rounded)

@@ -38,6 +38,9 @@ class RoutingContext:
     """The `user` field, for the session policy."""
     now: float = 0.0
     """The pool's clock at the decision (for the cache_aware TTFT guard's prefill queues)."""
+    units_per_token: dict[str, float] = field(default_factory=dict)
+    """Per worker id, `tokens` keys per engine token (bytes per token for a byte-routed model);
+    a missing worker's is 1. Dividing by it puts lengths and matches in the engine's tokens."""
 
 
 @dataclass(slots=True)
@@ -46,7 +49,7 @@ class Decision:
 
     worker: Worker
     match_tokens: int = 0
-    """Prompt tokens the chosen worker's tree predicted as cached."""
+    """Prompt tokens (the engine's) the chosen worker's tree predicted as cached."""
     reason: str = ""
     """Why this worker: "best_cost", "least_load", "imbalance", "hash", "turn", ..."""
     matches: dict[str, int] = field(default_factory=dict)

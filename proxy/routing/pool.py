@@ -30,14 +30,12 @@ from proxy.routing.observe import RoutingObserver
 from proxy.routing.policies import Decision, RoutingContext
 from proxy.routing.prompts import PromptTokens
 from proxy.routing.registry import build_policy, worker_id_of
-from proxy.routing.worker import InFlight, Worker
+from proxy.routing.worker import DEFAULT_BYTES_PER_TOKEN, InFlight, Worker
 from proxy.telemetry.prometheus import MetricsRegistry
 
 logger = logging.getLogger("radixgate.routing")
 
 EngineFactory = Callable[[WorkerSpec], Engine]
-BYTES_PER_TOKEN = 4
-"""Prompt size estimate for policies that do not tokenize (only their load accounting uses it)."""
 
 
 class PoolLease:
@@ -49,19 +47,27 @@ class PoolLease:
         "_predicted",
         "_prompt_tokens",
         "_released",
+        "_routed",
         "_worker",
         "engine",
         "worker_id",
     )
 
     def __init__(
-        self, pool: WorkerPool, worker: Worker, charge: InFlight, prompt_tokens: int, predicted: int
+        self,
+        pool: WorkerPool,
+        worker: Worker,
+        charge: InFlight,
+        prompt_tokens: float,
+        predicted: int,
+        routed: RoutedPrompt | None = None,
     ):
         self._pool = pool
         self._worker = worker
         self._charge = charge
         self._prompt_tokens = prompt_tokens
         self._predicted = predicted
+        self._routed = routed
         self._released = False
         self.worker_id = worker.id
         self.engine = worker.engine
@@ -81,7 +87,10 @@ class PoolLease:
             and usage.prompt_tokens
             and self._prompt_tokens
         ):
-            # Compare as fractions: the router's tokens (maybe UTF-8 bytes) need not be the engine's.
+            routed = self._routed
+            if routed is not None and routed.kind == "bytes":
+                worker.learn_bytes_per_token(routed.model, routed.units, usage.prompt_tokens)
+            # Compare as fractions: the router's estimate of the prompt's tokens need not be exact.
             predicted = self._predicted / self._prompt_tokens
             reported = usage.cached_tokens / usage.prompt_tokens
             worker.correct(
@@ -91,6 +100,16 @@ class PoolLease:
             )
         if worker.draining and worker.in_flight == 0:
             self._pool.finish_drain(worker)
+
+
+@dataclass(slots=True, frozen=True)
+class RoutedPrompt:
+    """What a lease needs to learn a byte-routed model's bytes per token from the engine's usage."""
+
+    model: str
+    kind: str
+    units: int
+    """Prompt length in the tree's keys, the tenant salt's pseudo-token excluded."""
 
 
 @dataclass(slots=True)
@@ -132,6 +151,7 @@ class WorkerPool:
             health_timeout_s,
             lambda: self._workers.values(),
             on_change=self._learn_models,
+            on_up=lambda worker: self.prompts.discover(worker, health_timeout_s),
             tree_ttl_s=settings.cache_aware.tree_ttl_s,
         )
         for spec in workers:
@@ -167,29 +187,39 @@ class WorkerPool:
         for worker in candidates:
             worker.expire_prefills(now)
         expected = self.prompts.expected_output(request)
+        scales = {w.id: w.scale_for(model, tokenizer_kind) for w in candidates} if tokens else {}
         if len(serving) == 1:  # one worker serves the model: nothing to weigh
             decision = Decision(worker=candidates[0], reason="only")
         else:
             context = RoutingContext(
-                tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
+                tokens=tokens,
+                expected_output=expected,
+                session_key=request.params.user,
+                now=now,
+                units_per_token=scales,
             )
             decision = self.policy.choose(candidates, context)
         worker = decision.worker
+        routed = None
         if tokens:
-            uncached = len(tokens) - decision.match_tokens
+            prompt_tokens = len(tokens) / scales[worker.id]
+            uncached = max(0.0, prompt_tokens - decision.match_tokens)
+            routed = RoutedPrompt(model, tokenizer_kind, len(tokens) - bool(request.cache_salt))
             if worker.remember(tokens) and worker.id not in self._trims:
                 self._trims.add(worker.id)
                 asyncio.get_running_loop().call_soon(self._trim, worker)
         else:
-            uncached = len(request.raw_body) // BYTES_PER_TOKEN
+            prompt_tokens = 0.0
+            uncached = len(request.raw_body) / DEFAULT_BYTES_PER_TOKEN
         settings = self.settings.cache_aware
         charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
         worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
         seconds = time.perf_counter() - started
+        prompt = round(prompt_tokens)
         self.observer.decided(
-            self.policy.name, decision, candidates, len(exclude), len(tokens), tokenizer_kind, seconds
+            self.policy.name, decision, candidates, len(exclude), prompt, tokenizer_kind, seconds
         )
-        return PoolLease(self, worker, charge, len(tokens), decision.match_tokens)
+        return PoolLease(self, worker, charge, prompt_tokens, decision.match_tokens, routed)
 
     def readiness(self) -> dict[str, bool]:
         return {

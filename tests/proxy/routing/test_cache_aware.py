@@ -56,7 +56,7 @@ async def test_a_conversation_returns_to_the_worker_holding_its_history() -> Non
 
 
 async def test_imbalance_guard_skips_an_overloaded_worker_despite_its_match() -> None:
-    pool = make_pool(2, cache_aware={"imbalance_abs_tokens": 1000, "imbalance_rel": 1.5})
+    pool = make_pool(2, cache_aware={"imbalance_abs_tokens": 250, "imbalance_rel": 1.5})
     first = await pool.acquire(chat_request(SYSTEM, "q"))
     held = [await pool.acquire(chat_request(SYSTEM, "q")) for _ in range(3)]
     workers = {lease.worker_id for lease in [first, *held]}
@@ -109,8 +109,9 @@ async def test_trees_stay_within_worker_capacity() -> None:
         lease = await pool.acquire(chat_request(f"distinct system prompt {i} " * 20, "q"))
         lease.release(usage=None, failed=False)
         await asyncio.sleep(0)  # the pool trims a tree right after the decision that outgrew it
-        assert all(worker.tree.total_tokens <= 2000 for worker in pool.workers())
-    assert all(worker.tree.total_tokens > 1000 for worker in pool.workers())
+        assert all(worker.tree.total_tokens <= worker.tree_limit for worker in pool.workers())
+    # A byte tree (no tokenizer) holds 2,000 tokens' worth of bytes, not 2,000 bytes.
+    assert all(worker.tree.total_tokens > 4000 for worker in pool.workers())
 
 
 def test_cache_aware_settings_reject_unknown_keys() -> None:
@@ -129,10 +130,11 @@ async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:
 
 
 async def _history_home_and_other(slack: float) -> tuple[str, str]:
-    """A conversation whose ~5,200-byte prompt lives on one of two workers, and the worker chosen for
-    its next turn right after 8,000 tokens of other requests' prefill were queued on that home worker:
-    the cost still favours the history (it saves 2 x 5,200 tokens of prefill against 8,000 queued),
-    the first token does not (0.4 s of prefill to wait for there, 0.26 s to recompute on the idle one)."""
+    """A conversation whose ~5,200-byte prompt (~1,300 tokens at the assumed 4 bytes per token) lives
+    on one of two workers, and the worker chosen for its next turn right after 2,000 tokens of other
+    requests' prefill were queued on that home worker: the cost still favours the history (it saves
+    2 x 1,300 tokens of prefill against 2,000 queued), the first token does not (0.1 s of prefill to
+    wait for there, 0.065 s to recompute on the idle one)."""
     pool = make_pool(2, cache_aware={"ttft_slack_s": slack})
     history = "an earlier turn of this conversation " * 108
     lease = await pool.acquire(chat_request(SYSTEM, history))
@@ -140,14 +142,14 @@ async def _history_home_and_other(slack: float) -> tuple[str, str]:
     lease.release(usage=None, failed=False)
     now = time.monotonic()
     home.prefill_free_at = now  # the first turn's own prefill is long done
-    home.charge(prefill=8_000, decode=0, prefill_hold_s=60, now=now)
-    home.queue_prefill(8_000, DEFAULT_PREFILL_TOKENS_PER_S, now)
+    home.charge(prefill=2_000, decode=0, prefill_hold_s=60, now=now)
+    home.queue_prefill(2_000, DEFAULT_PREFILL_TOKENS_PER_S, now)
     follow_up = await pool.acquire(chat_request(SYSTEM, history + " and the next question"))
     return home.id, follow_up.worker_id
 
 
 async def test_ttft_guard_moves_a_turn_off_a_worker_with_a_long_prefill_queue() -> None:
-    home, chosen = await _history_home_and_other(slack=0.05)
+    home, chosen = await _history_home_and_other(slack=0.02)
     assert chosen != home
 
 

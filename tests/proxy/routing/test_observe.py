@@ -38,7 +38,7 @@ async def test_each_decision_has_a_span_and_counters() -> None:
     attributes = spans[1].attributes or {}
     assert attributes[semconv.ROUTING_POLICY] == "cache_aware"
     assert attributes[semconv.ROUTING_WORKER_ID] == first.worker_id
-    assert attributes[semconv.ROUTING_MATCH_TOKENS] > 300
+    assert attributes[semconv.ROUTING_MATCH_TOKENS] > 100  # ~470 bytes at 4 bytes per token
     assert attributes[semconv.ROUTING_CANDIDATES] == 2
     assert f"{first.worker_id}=" in str(attributes[semconv.ROUTING_WORKER_LOADS])
 
