@@ -68,6 +68,9 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
 class WorkerList(msgspec.Struct, kw_only=True):
     policy: str
     workers: list[WorkerStatus]
+    panic: dict[str, str] = msgspec.field(default_factory=dict)
+    """Models whose every worker is marked down, with the most recently healthy worker their
+    requests are tried on anyway (panic mode)."""
 
 
 class RemovedWorker(msgspec.Struct, kw_only=True):
@@ -132,7 +135,11 @@ def admin_router(
 
     @get("/workers", sync_to_thread=False)
     def list_workers() -> WorkerList:
-        return WorkerList(policy=pool.policy.name, workers=[worker_status(pool, w) for w in pool.workers()])
+        return WorkerList(
+            policy=pool.policy.name,
+            workers=[worker_status(pool, w) for w in pool.workers()],
+            panic=pool.panicking(),
+        )
 
     @post("/workers", status_code=201)
     async def add_worker(data: JSONBody[WorkerSpec]) -> WorkerStatus:

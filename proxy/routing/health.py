@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ class HealthMonitor:
         ok = await self._probe(worker)
         streak = self._streaks.setdefault(worker.id, _Streak())
         if ok:
+            worker.last_healthy = time.monotonic()
             streak.successes, streak.failures = streak.successes + 1, 0
             if worker.health != "up" and (
                 worker.health == "unknown" or streak.successes >= self.settings.health_success_threshold

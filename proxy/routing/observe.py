@@ -62,6 +62,7 @@ class _WorkerGauges:
                 family.add_metric([worker.id], float(read(worker)))  # type: ignore[no-untyped-call]
             yield family
         yield _healthy_per_model(workers)
+        yield _panic_per_model(workers)
 
 
 ANY_MODEL = "*"
@@ -82,6 +83,26 @@ def _healthy_per_model(workers: list[Worker]) -> Metric:
     )
     for model, count in sorted(healthy.items()):
         family.add_metric([model], float(count))
+    return family
+
+
+def _panic_per_model(workers: list[Worker]) -> Metric:
+    """1 for a model whose every worker is marked down: its requests go to the most recently healthy
+    one anyway (panic mode) instead of a 503."""
+    down: dict[str, bool] = {}
+    for worker in workers:
+        if worker.draining:
+            continue
+        for model in worker.models or [ANY_MODEL]:
+            down[model] = down.get(model, True) and worker.health == "down"
+    family = GaugeMetricFamily(
+        METRIC_PREFIX + semconv.ROUTING_MODEL_PANIC_METRIC,
+        "1 while every worker of the model is marked down and requests are tried on the most "
+        "recently healthy one (panic mode).",
+        labels=["model"],
+    )
+    for model, panic in sorted(down.items()):
+        family.add_metric([model], float(panic))
     return family
 
 
@@ -189,6 +210,15 @@ class RoutingObserver:
             self.registry.counter(
                 semconv.ROUTING_FAILURES_METRIC, "Failed attempts per worker.", ["worker"]
             ).labels(worker_id).inc()
+
+    def panicked(self, model: str, worker_id: str) -> None:
+        """Count a request sent, in panic mode, to a worker marked down."""
+        if self.registry is not None:
+            self.registry.counter(
+                semconv.ROUTING_PANIC_METRIC,
+                "Requests tried on a worker marked down because every worker of the model was (panic mode).",
+                ["model", "worker"],
+            ).labels(model, worker_id).inc()
 
     def no_worker(self, model: str) -> None:
         """Count a request for which no worker was available."""

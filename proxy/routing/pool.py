@@ -43,6 +43,7 @@ class PoolLease:
 
     __slots__ = (
         "_charge",
+        "_panic",
         "_pool",
         "_predicted",
         "_prompt_tokens",
@@ -61,8 +62,11 @@ class PoolLease:
         prompt_tokens: float,
         predicted: int,
         routed: RoutedPrompt | None = None,
+        *,
+        panic: bool = False,
     ):
         self._pool = pool
+        self._panic = panic
         self._worker = worker
         self._charge = charge
         self._prompt_tokens = prompt_tokens
@@ -81,6 +85,8 @@ class PoolLease:
         worker.settle(self._charge, failed=failed)
         if failed:
             self._pool.observer.failed(worker.id)
+        elif self._panic:
+            self._pool.recheck_soon(worker)  # it answered: let a health check bring it back now
         elif (
             usage is not None
             and usage.cached_tokens is not None
@@ -174,8 +180,11 @@ class WorkerPool:
             # Panic mode (as Envoy's): when every circuit is open, trying a live worker beats refusing all.
             candidates = [w for w in serving if w.id not in exclude and w.available(ignore_breaker=True)]
         if not candidates:
-            self.observer.no_worker(model)
-            raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
+            last = self._last_resort(serving, exclude)
+            if last is None:
+                self.observer.no_worker(model)
+                raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
+            return self._panic_lease(model, last, request)
         tokens: array[int] = array("I")
         tokenizer_kind = "none"
         # A model only one worker serves leaves nothing to choose: no tokens, no tree (tokenizing and
@@ -221,6 +230,46 @@ class WorkerPool:
         )
         return PoolLease(self, worker, charge, prompt_tokens, decision.match_tokens, routed)
 
+    def _last_resort(self, serving: Sequence[Worker], exclude: frozenset[str]) -> Worker | None:
+        """When every worker of a model is marked down, the most recently healthy one that this
+        request has not failed on yet (a worker never seen up counts as longest ago); None when
+        the model has a worker that is not down (it is busy or its circuit is open: no panic)."""
+        if any(w.health != "down" and not w.draining for w in serving):
+            return None
+        spare = [w for w in serving if w.id not in exclude and not w.draining]
+        return max(spare, key=lambda w: w.last_healthy, default=None)
+
+    def _panic_lease(self, model: str, worker: Worker, request: EngineRequest) -> PoolLease:
+        """A lease on a worker marked down, tried rather than answering 503 at once: health checks
+        can lag an upstream that has just come (back) up. No tree upkeep: its cache is unknown."""
+        settings = self.settings.cache_aware
+        expected = self.prompts.expected_output(request)
+        uncached = len(request.raw_body) / DEFAULT_BYTES_PER_TOKEN
+        now = self._clock()
+        charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
+        self.observer.panicked(model, worker.id)
+        self.observer.decided(
+            self.policy.name, Decision(worker=worker, reason="panic"), [worker], 0, 0, "none", 0.0
+        )
+        return PoolLease(self, worker, charge, 0.0, 0, panic=True)
+
+    def panicking(self) -> dict[str, str]:
+        """Models in panic mode (every worker serving them marked down), with the worker that would
+        be tried next: for `GET /health` and `/admin/workers`."""
+        chosen = {}
+        for model in self._models:
+            serving = [w for w in self._workers.values() if w.serves(model)]
+            last = self._last_resort(serving, frozenset()) if serving else None
+            if last is not None:
+                chosen[model] = last.id
+        return chosen
+
+    def recheck_soon(self, worker: Worker) -> None:
+        """Check a worker's health now (a request it was tried on in panic mode succeeded)."""
+        task = asyncio.get_running_loop().create_task(self.health.check(worker))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     def readiness(self) -> dict[str, bool]:
         return {
             model: any(w.health == "up" and not w.draining for w in self._workers.values() if w.serves(model))
@@ -236,6 +285,9 @@ class WorkerPool:
                 states[worker.id] = "operational"
             else:
                 states[worker.id] = "degraded"
+        # A model whose workers are all down is still served, on the most recently healthy one.
+        for model in self.panicking():
+            states[f"panic:{model}"] = "degraded"
         return states
 
     async def start(self) -> None:

@@ -69,6 +69,8 @@ class Worker:
     capacity_source: str
     tree: RadixTree[None] = field(default_factory=RadixTree)
     health: Health = "unknown"
+    last_healthy: float = float("-inf")
+    """When (time.monotonic) a health check last passed; panic mode tries the most recent one."""
     draining: bool = False
     in_flight: int = 0
     queued_work: float = 0.0
