@@ -53,6 +53,10 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     """The tree's size limit after corrections from engine-reported cached tokens."""
     predicted_cached_tokens: int
     reported_cached_tokens: int
+    predictions: int
+    """Requests whose engine reported `cached_tokens` (the two sums above are over these)."""
+    mean_prediction_error_tokens: float
+    """Mean |predicted - reported| cached tokens per such request (engine tokens)."""
     mispredictions: int
     tokenizers: dict[str, str]
     """Per model the worker serves: "tokenizer.json", "gguf", "engine" or "bytes" (the UTF-8 fallback)."""
@@ -106,6 +110,10 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
         capacity_estimate_tokens=int(worker.capacity_estimate),
         predicted_cached_tokens=worker.predicted_tokens,
         reported_cached_tokens=worker.reported_cached_tokens,
+        predictions=worker.predictions,
+        mean_prediction_error_tokens=round(worker.prediction_error_tokens / worker.predictions, 1)
+        if worker.predictions
+        else 0.0,
         mispredictions=worker.mispredictions,
         tokenizers=pool.prompts.kinds(models),
         tokenizer_sources=pool.prompts.sources(models),

@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Span, Tracer
 
 from adapters.base import Engine, EngineRequest
 from adapters.engine_metrics import FlushesCache, LoadsInProcess
@@ -49,6 +49,7 @@ class PoolLease:
         "_prompt_tokens",
         "_released",
         "_routed",
+        "_span",
         "_worker",
         "engine",
         "worker_id",
@@ -64,9 +65,11 @@ class PoolLease:
         routed: RoutedPrompt | None = None,
         *,
         panic: bool = False,
+        span: Span | None = None,
     ):
         self._pool = pool
         self._panic = panic
+        self._span = span
         self._worker = worker
         self._charge = charge
         self._prompt_tokens = prompt_tokens
@@ -83,27 +86,22 @@ class PoolLease:
         self._released = True
         worker = self._worker
         worker.settle(self._charge, failed=failed)
+        predicted: int | None = None
+        cached = usage.cached_tokens if usage is not None and not failed else None
         if failed:
             self._pool.observer.failed(worker.id)
         elif self._panic:
             self._pool.recheck_soon(worker)  # it answered: let a health check bring it back now
-        elif (
-            usage is not None
-            and usage.cached_tokens is not None
-            and usage.prompt_tokens
-            and self._prompt_tokens
-        ):
+        elif usage is not None and usage.prompt_tokens and self._prompt_tokens:
             routed = self._routed
             if routed is not None and routed.kind == "bytes":
                 worker.learn_bytes_per_token(routed.model, routed.units, usage.prompt_tokens)
-            # Compare as fractions: the router's estimate of the prompt's tokens need not be exact.
-            predicted = self._predicted / self._prompt_tokens
-            reported = usage.cached_tokens / usage.prompt_tokens
-            worker.correct(
-                usage.prompt_tokens,
-                round(predicted * usage.prompt_tokens),
-                round(reported * usage.prompt_tokens),
-            )
+        if cached is not None and usage is not None and usage.prompt_tokens and self._prompt_tokens:
+            # The prediction as a fraction of the router's estimate of the prompt, in the engine's
+            # tokens (the estimate of a byte-routed prompt need not be exact).
+            predicted = round(self._predicted / self._prompt_tokens * usage.prompt_tokens)
+            worker.correct(usage.prompt_tokens, predicted, cached)
+        self._pool.observer.settled(self._span, worker.id, predicted, cached, failed=failed)
         if worker.draining and worker.in_flight == 0:
             self._pool.finish_drain(worker)
 
@@ -225,10 +223,10 @@ class WorkerPool:
         worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
         seconds = time.perf_counter() - started
         prompt = round(prompt_tokens)
-        self.observer.decided(
+        span = self.observer.decided(
             self.policy.name, decision, candidates, len(exclude), prompt, tokenizer_kind, seconds
         )
-        return PoolLease(self, worker, charge, prompt_tokens, decision.match_tokens, routed)
+        return PoolLease(self, worker, charge, prompt_tokens, decision.match_tokens, routed, span=span)
 
     def _last_resort(self, serving: Sequence[Worker], exclude: frozenset[str]) -> Worker | None:
         """When every worker of a model is marked down, the most recently healthy one that this
@@ -248,10 +246,10 @@ class WorkerPool:
         now = self._clock()
         charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
         self.observer.panicked(model, worker.id)
-        self.observer.decided(
+        span = self.observer.decided(
             self.policy.name, Decision(worker=worker, reason="panic"), [worker], 0, 0, "none", 0.0
         )
-        return PoolLease(self, worker, charge, 0.0, 0, panic=True)
+        return PoolLease(self, worker, charge, 0.0, 0, panic=True, span=span)
 
     def panicking(self) -> dict[str, str]:
         """Models in panic mode (every worker serving them marked down), with the worker that would

@@ -87,6 +87,10 @@ class Worker:
     failures: int = 0
     predicted_tokens: int = 0
     reported_cached_tokens: int = 0
+    predictions: int = 0
+    """Requests whose engine reported `cached_tokens`, each compared with the tree's prediction."""
+    prediction_error_tokens: int = 0
+    """Sum over those requests of |predicted - reported| cached tokens."""
     mispredictions: int = 0
     discovered_models: list[str] = field(default_factory=list)
     """Models the engine listed (`GET /v1/models`) when none were configured."""
@@ -231,6 +235,8 @@ class Worker:
         """Compare the tree's prediction with the engine's `cached_tokens` and adapt the tree's size."""
         self.predicted_tokens += predicted
         self.reported_cached_tokens += cached
+        self.predictions += 1
+        self.prediction_error_tokens += abs(predicted - cached)
         if predicted - cached > max(MISPREDICTION_MIN_TOKENS, MISPREDICTION_TOLERANCE * prompt_tokens):
             self.mispredictions += 1
             floor = MIN_CAPACITY_FRACTION * self.capacity_tokens

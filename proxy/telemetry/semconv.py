@@ -165,7 +165,8 @@ def server_span_name(method: str, route: str | None) -> str:
 # ---- routing (radixgate's own names; no OTel convention covers worker selection) ----
 
 ROUTING_SPAN_NAME: Final = "radixgate.route"
-"""INTERNAL span around one routing decision (one per attempt)."""
+"""INTERNAL span of one routing decision and its outcome (one per attempt): it starts at the
+decision and ends when the attempt's lease is released, with the engine's `cached_tokens`."""
 ROUTING_POLICY: Final = "radixgate.routing.policy"
 ROUTING_WORKER_ID: Final = "radixgate.routing.worker.id"
 ROUTING_REASON: Final = "radixgate.routing.reason"
@@ -176,6 +177,12 @@ ROUTING_EXCLUDED: Final = "radixgate.routing.excluded"
 ROUTING_WORKER_LOADS: Final = "radixgate.routing.worker_loads"
 """`id=queued_work` per candidate, comma separated."""
 ROUTING_TOKENIZER: Final = "radixgate.routing.tokenizer"
+ROUTING_CACHED_TOKENS: Final = "radixgate.routing.cached_tokens"
+"""Prompt tokens the engine reported cached (`usage.prompt_tokens_details.cached_tokens`)."""
+ROUTING_PREDICTION_ERROR: Final = "radixgate.routing.prediction_error_tokens"
+"""Predicted match minus the engine's cached tokens (positive: the tree over-predicted)."""
+ROUTING_OUTCOME: Final = "radixgate.routing.outcome"
+""""ok" or "failed"."""
 
 # Prometheus series of the router (MetricsRegistry adds the `radixgate_` prefix).
 ROUTING_DECISIONS_METRIC: Final = "routing_decisions_total"
@@ -183,6 +190,9 @@ ROUTING_MATCH_TOKENS_METRIC: Final = "routing_match_tokens_total"
 ROUTING_PROMPT_TOKENS_METRIC: Final = "routing_prompt_tokens_total"
 ROUTING_FAILURES_METRIC: Final = "routing_worker_failures_total"
 ROUTING_NO_WORKER_METRIC: Final = "routing_no_worker_total"
+ROUTING_PREDICTION_ERROR_METRIC: Final = "routing_prediction_error_tokens"
+ROUTING_PREDICTED_CACHED_METRIC: Final = "routing_predicted_cached_tokens_total"
+ROUTING_REPORTED_CACHED_METRIC: Final = "routing_reported_cached_tokens_total"
 ROUTING_PANIC_METRIC: Final = "routing_panic_requests_total"
 ROUTING_MODEL_PANIC_METRIC: Final = "routing_model_panic"
 ROUTING_DECISION_SECONDS_METRIC: Final = "routing_decision_seconds"
