@@ -1,13 +1,21 @@
 """Routing benchmark: every policy over the same simulated workers, in one run, plus sglang-router.
 
-    .venv/bin/python -m benchmarks.routing.bench [--time-scale 0.25] [--sglang-router VENV/bin/python]
+    .venv/bin/python -m benchmarks.routing.bench [--time-scale 0.25] [--offer-tokenizer none]
 
-For each workload (generated-shared-prefix, multi-turn over one system prompt, no sharing) and each
-router (radixgate with every policy, sglang-router `cache_aware`, and a sticky oracle that sends each
-group straight to one worker), the workers' caches are flushed, the workload is replayed, and the
-workers' own counters give the token hit rate and the per-worker request spread. Throughput is output
-tokens per wall second; TTFT is to the first streamed content. Results go to stdout (a Markdown
-table) and to `benchmarks/routing/out/results.json`.
+For each workload (generated-shared-prefix, multi-turn over one system prompt, skewed popularity, no
+sharing) and each router (radixgate with every policy, sglang-router `cache_aware` when the `bench`
+extra's `sglang-router` is installed, and a sticky oracle that sends each group straight to one
+worker), the workers' caches are flushed, the workload is replayed, and the workers' own counters
+give the token hit rate and the per-worker request spread. Throughput is output tokens per wall
+second; TTFT is to the first streamed content. Results go to stdout (a Markdown table) and to
+`benchmarks/routing/out/results.json`.
+
+The gateways run with the shipped routing defaults and no `[routing.tokenizers]`: the simulated
+SGLang workers (32k-token caches) count tokens with a tokenizer the gateway is not given, and
+`--offer-tokenizer` sets how much of it they let a router find (see `sim_engine`): `none` leaves the
+gateway UTF-8 bytes and the bytes per token it learns from the workers' `prompt_tokens`.
+`--sim-tokenizer bpe` swaps the word-level vocabulary for the embedded model's BPE one (SmolLM2's,
+from its GGUF), under which a word is several tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import asyncio
 import json
 import platform
 import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from adapters.local.config import default_model_path
 from benchmarks.routing.cluster import (
     Cluster,
     Proc,
@@ -35,14 +46,21 @@ from benchmarks.routing.cluster import (
 from benchmarks.routing.decision import measure_decisions
 from benchmarks.routing.load import RunResult, run_conversations, run_requests
 from benchmarks.routing.sim_core import SimConfig
-from benchmarks.routing.workload import generated_shared_prefix, multi_turn, no_sharing, write_word_tokenizer
+from benchmarks.routing.workload import (
+    generated_shared_prefix,
+    multi_turn,
+    no_sharing,
+    skewed_popularity,
+    write_word_tokenizer,
+)
 
 POLICIES = ("round_robin", "random", "power_of_two", "least_load", "session", "cache_aware")
 WORKERS = 4
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 2048, 128, 256
-CAPACITY_TOKENS = 16 * SYSTEM_LEN + 32 * (QUESTION_LEN + OUTPUT_LEN)
-"""16 system prompts of prefix cache, plus room for one full batch's own question and output tokens."""
-CONCURRENCY = 128
+CAPACITY_TOKENS = 32_768
+"""Each worker's KV pool: 16 system prompts, with nothing left for questions and outputs (the
+shared-prefix workload's 64 prompts need all four workers' caches and a little more)."""
+CONCURRENCY = 64
 TURNS = 5
 CONVERSATIONS = 208
 """Multi-turn: 208 conversations x 5 turns = 1,040 requests, so TTFT p99 is the 11th slowest first
@@ -139,6 +157,11 @@ async def replay(
             seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
         )
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+    if workload == "skewed":
+        requests = skewed_popularity(
+            seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
+        )
+        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     if workload == "no_sharing":
         requests = no_sharing(seed, prompt_len=SYSTEM_LEN + QUESTION_LEN, output_len=OUTPUT_LEN)
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
@@ -218,11 +241,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sglang-router",
         type=Path,
-        default=Path("/tmp/sglr-venv/bin/python"),
-        help="python of a venv with sglang-router installed (skipped if missing)",
+        default=Path(sys.executable),
+        help="python with sglang-router installed (the `bench` extra; skipped if it lacks it)",
     )
-    parser.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn", "no_sharing"])
+    parser.add_argument(
+        "--workloads", nargs="+", default=["shared_prefix", "multi_turn", "skewed", "no_sharing"]
+    )
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="none")
+    parser.add_argument("--sim-tokenizer", choices=("word", "bpe"), default="word")
     parser.add_argument("--gateway-toml", default="", help="extra radixgate.toml lines for every gateway")
     parser.add_argument("--stream-interval", type=int, default=64)
     parser.add_argument(
@@ -234,25 +261,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
-    tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
+    word_tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
+    tokenizer = word_tokenizer if args.sim_tokenizer == "word" else default_model_path()
     gateway_config = OUT / "gateway.toml"
-    gateway_config.write_text(
-        # Health checks must not mistake a saturated (simulated) engine for a dead one.
-        f'[upstream_client]\nhealth_timeout_s = 10.0\n\n[routing.tokenizers]\nsim-model = "{tokenizer}"\n'
-        + args.gateway_toml
-    )
+    # Routing defaults, no tokenizer named. Health checks must not mistake a saturated (simulated,
+    # two-core) engine for a dead one: that timeout is the host's, not the routing's.
+    gateway_config.write_text("[upstream_client]\nhealth_timeout_s = 10.0\n" + args.gateway_toml)
     config = SimConfig(
         capacity_tokens=CAPACITY_TOKENS, time_scale=args.time_scale, stream_interval=args.stream_interval
     )
-    # The gateways' TTFT guard must know how fast these workers prefill in wall time (an operator sets
-    # it to their engines' speed); an environment variable, so --gateway-toml may still add tables.
-    speed = 1 / (config.prefill_s_per_token * config.time_scale)
-    gateway_env = {"RADIXGATE_ROUTING__CACHE_AWARE__PREFILL_TOKENS_PER_S": f"{speed:.0f}"}
+    gateway_env: dict[str, str] = {}
     cluster = Cluster(OUT)
     rows: list[Row] = []
     started = time.time()
     try:
-        workers = [cluster.sim_worker(i, config, tokenizer) for i in range(WORKERS)]
+        workers = [cluster.sim_worker(i, config, tokenizer, args.offer_tokenizer) for i in range(WORKERS)]
         cluster.wait_ready(workers)
         for workload in args.workloads:
             routers = [
@@ -268,9 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config, gateway_env
                     )
                 )
-            if args.sglang_router.exists():
+            if _has_sglang_router(args.sglang_router):
                 routers.append(
-                    cluster.sglang_router("sglang-router-cache_aware", workers, args.sglang_router, tokenizer)
+                    cluster.sglang_router(
+                        "sglang-router-cache_aware", workers, args.sglang_router, word_tokenizer
+                    )
                 )
             cluster.wait_ready(routers)
             for router in routers:
@@ -294,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": f"{platform.machine()} {platform.processor() or ''} {platform.system()}".strip(),
         "sim": asdict(config),
+        "offer_tokenizer": args.offer_tokenizer,
+        "sim_tokenizer": args.sim_tokenizer,
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),
@@ -301,6 +328,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     (OUT / "results.json").write_text(json.dumps(report, indent=2))
     print(markdown(rows))
     print(json.dumps(decisions, indent=2))
+
+
+def _has_sglang_router(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run([str(python), "-c", "import sglang_router"], capture_output=True, check=False)
+    return probe.returncode == 0
 
 
 def _pair(p50: float | None, p99: float | None) -> str:

@@ -83,7 +83,7 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def sim_worker(self, index: int, config: SimConfig, tokenizer: Path) -> Proc:
+    def sim_worker(self, index: int, config: SimConfig, tokenizer: Path, offer: str = "path") -> Proc:
         port = self.port()
         args = [
             sys.executable,
@@ -93,6 +93,8 @@ class Cluster:
             str(port),
             "--tokenizer",
             str(tokenizer),
+            "--offer-tokenizer",
+            offer,
         ]
         for name in SimConfig.__dataclass_fields__:
             args += ["--" + name.replace("_", "-"), str(getattr(config, name))]

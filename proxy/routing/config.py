@@ -40,10 +40,7 @@ DEFAULT_DECODE_WEIGHT = 0.25
 DEFAULT_PREFILL_HOLD_S = 1.0
 DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 DEFAULT_TTFT_SLACK_S = math.inf
-DEFAULT_IMBALANCE_ABS_TOKENS = 65_536
-DEFAULT_IMBALANCE_REL = 2.0
-DEFAULT_BALANCE_ABS_REQUESTS = 12
-DEFAULT_BALANCE_REL = 16.0
+DEFAULT_LOAD_EPSILON = 0.25
 DEFAULT_TREE_TTL_S = 600.0
 DEFAULT_EVICT_HEADROOM = 0.1
 
@@ -126,20 +123,12 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     first-token delay. Off (`inf`) by default: on generated-shared-prefix at full cache, 0.1 s cost
     5 points of hit rate (the cold start's prefill queues move groups onto workers that then evict
     others); for latency-first chat with cache to spare, try 0.1."""
-    imbalance_abs_tokens: int = DEFAULT_IMBALANCE_ABS_TOKENS
-    """A worker whose queued work exceeds the least-loaded one's by more than this ..."""
-    imbalance_rel: float = DEFAULT_IMBALANCE_REL
-    """... and by more than this factor is not considered, whatever its match."""
-    balance_abs_requests: int = DEFAULT_BALANCE_ABS_REQUESTS
-    """A worker with more than this many in-flight requests above the least busy one ...  (per unit
-    of weight)"""
-    balance_rel: float = DEFAULT_BALANCE_REL
-    """... and more than this factor of its in-flight requests is not considered, whatever its match
-    (SGLang's router does the same on request counts). Queued work alone cannot see an idle worker:
-    when every request's decode weighs little, a 2k-token miss there always costs more than joining
-    a busy worker's batch, and half the cluster can stay idle for good. 16: the guard is for (nearly)
-    idle workers; lower factors move a shared prefix's requests off busy workers and lose its cache
-    hits (`benchmarks/routing`)."""
+    load_epsilon: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_LOAD_EPSILON
+    """Bounded-load affinity: a worker takes a request only while its in-flight requests (per unit
+    of weight) stay within (1 + load_epsilon) of the mean, counting this request; so no worker
+    exceeds that while another has room, and a prefix hotter than one worker can serve spreads to
+    a second worker, then a third, which warm it. 0.25: at most 25% above the mean (the paper's
+    recommended c = 1.25); lower balances tighter and moves more prefixes."""
     tree_ttl_s: float = DEFAULT_TREE_TTL_S
     """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
     expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS
