@@ -67,6 +67,23 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     bytes_per_token: dict[str, float]
     """Per byte-routed model, the prompt bytes per engine token learned from reported `prompt_tokens`."""
     engine_load: dict[str, float]
+    kv_events: KvEventsStatus | None = None
+
+
+class KvEventsStatus(msgspec.Struct, kw_only=True):
+    """A worker's KV-event feed as `GET /admin/workers` shows it."""
+
+    endpoint: str
+    live: bool
+    """True while the index routes; False before the first event and after events stopped."""
+    last_seq: int | None
+    blocks: int
+    blocks_by_medium: dict[str, int]
+    block_size: int
+    events: int
+    replayed: int
+    resets: int
+    orphans: int
 
 
 class WorkerList(msgspec.Struct, kw_only=True):
@@ -120,6 +137,26 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
         units_per_token=round(worker.units_per_token, 3),
         bytes_per_token={model: round(ratio, 3) for model, ratio in worker.bytes_per_token.items()},
         engine_load=dict(worker.engine_load),
+        kv_events=_kv_status(worker),
+    )
+
+
+def _kv_status(worker: Worker) -> KvEventsStatus | None:
+    feed = worker.kv_events
+    if feed is None:
+        return None
+    index = feed.index
+    return KvEventsStatus(
+        endpoint=feed.spec.endpoint,
+        live=feed.live(),
+        last_seq=feed.last_seq,
+        blocks=index.blocks,
+        blocks_by_medium=index.blocks_by_medium(),
+        block_size=index.block_size,
+        events=index.events,
+        replayed=feed.replayed,
+        resets=feed.resets,
+        orphans=index.orphans,
     )
 
 

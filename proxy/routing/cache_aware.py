@@ -73,7 +73,13 @@ class CacheAware:
         settings = self.settings
         pool = within_bound(candidates, settings.load_epsilon)
         bounded = len(pool) < len(candidates)
-        ratios = {w.id: w.match(tokens) / length for w in candidates}
+        # Each worker's cached fraction of the prompt: from its KV events when live, else its tree.
+        exact = {w.id: w.exact_match(context.engine_tokens, context.salt) for w in candidates}
+        events_length = max(1, len(context.engine_tokens or ()))
+        ratios = {}
+        for w in candidates:
+            held = exact[w.id]
+            ratios[w.id] = w.match(tokens) / length if held is None else held / events_length
         # Lengths and matches in the engine's tokens (a byte tree's keys divided by bytes per token).
         lengths = {w.id: length / context.units_per_token.get(w.id, 1.0) for w in candidates}
         matches = {w.id: ratios[w.id] * lengths[w.id] for w in candidates}
@@ -81,7 +87,7 @@ class CacheAware:
             worker = least_loaded(pool, self._rotation)
             # The prefix is cached, but only on workers at their bound: this one warms it.
             held = max(ratios.values()) >= settings.match_threshold
-            return _decision(worker, "bounded_load" if held else "least_load", matches)
+            return _decision(worker, "bounded_load" if held else "least_load", matches, exact)
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
         fast = order
@@ -106,9 +112,14 @@ class CacheAware:
             reason = "bounded_load"  # the best match was at its bound: this worker warms the prefix
         else:
             reason = "best_cost"
-        return _decision(worker, reason, matches)
+        return _decision(worker, reason, matches, exact)
 
 
-def _decision(worker: Worker, reason: str, matches: dict[str, float]) -> Decision:
+def _decision(
+    worker: Worker, reason: str, matches: dict[str, float], exact: dict[str, int | None]
+) -> Decision:
     rounded = {worker_id: round(tokens) for worker_id, tokens in matches.items()}
-    return Decision(worker=worker, match_tokens=rounded[worker.id], reason=reason, matches=rounded)
+    source = "tree" if exact.get(worker.id) is None else "events"
+    return Decision(
+        worker=worker, match_tokens=rounded[worker.id], reason=reason, matches=rounded, source=source
+    )

@@ -73,6 +73,26 @@ API_KEY_PATTERN = r"^[\x21-\x7e]+$"
 """What an HTTP header can carry as a bearer token."""
 
 
+DEFAULT_KV_EVENTS_STALE_S = 5.0
+ZMQ_ENDPOINT_PATTERN = r"^(tcp://[A-Za-z0-9._~*\[\]:-]+:[0-9]{1,5}|ipc://\S+)$"
+
+
+class KvEventsSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Where a worker's engine publishes its KV-cache events (vLLM `--kv-events-config`, SGLang
+    `--kv-events-config`): routing then follows the blocks the engine really holds."""
+
+    endpoint: Annotated[str, msgspec.Meta(pattern=ZMQ_ENDPOINT_PATTERN)]
+    """The engine's ZMQ PUB socket, connected to (`tcp://10.0.0.5:5557`)."""
+    replay_endpoint: Annotated[str, msgspec.Meta(pattern=ZMQ_ENDPOINT_PATTERN)] | None = None
+    """Its ROUTER socket that replays missed batches (`tcp://10.0.0.5:5558`); None: a gap resets
+    the index instead."""
+    topic: str = ""
+    """The topic the engine publishes under ("" for vLLM's default)."""
+    stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_KV_EVENTS_STALE_S
+    """A request dispatched this long ago with no event since means the events stopped: the
+    worker's approximate tree routes until they resume."""
+
+
 class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One engine worker behind the gateway."""
 
@@ -93,6 +113,8 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     uses the default."""
     api_key: Annotated[str, msgspec.Meta(pattern=API_KEY_PATTERN)] | None = None
     """Bearer token radixgate sends to this worker (never the client's key); printable ASCII."""
+    kv_events: KvEventsSpec | None = None
+    """The engine's KV-event sockets, for exact prefix routing; None: the approximate tree only."""
 
     def __post_init__(self) -> None:
         if self.kind != "local" and not self.url.startswith(("http://", "https://")):

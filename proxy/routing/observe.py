@@ -176,6 +176,7 @@ class RoutingObserver:
                     semconv.ROUTING_EXCLUDED: excluded,
                     semconv.ROUTING_WORKER_LOADS: ",".join(f"{w.id}={w.queued_work:.0f}" for w in candidates),
                     semconv.ROUTING_TOKENIZER: tokenizer,
+                    semconv.ROUTING_MATCH_SOURCE: decision.source,
                 }
             )
         return span

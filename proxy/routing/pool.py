@@ -26,6 +26,7 @@ from adapters.schema import Usage
 from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
+from proxy.routing.kv_events import stop as stop_feed
 from proxy.routing.observe import RoutingObserver
 from proxy.routing.policies import Decision, RoutingContext
 from proxy.routing.prompts import PromptTokens
@@ -147,6 +148,7 @@ class WorkerPool:
         self._drain_deadlines: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._trims: set[str] = set()  # workers whose tree trim is scheduled
+        self._feeds: dict[str, asyncio.Task[None]] = {}  # KV-event subscriptions by worker id
         self.policy = build_policy(settings.policy, settings.cache_aware)
         self.prompts = PromptTokens(settings.tokenizers, settings.cache_aware.expected_output_tokens)
         self.observer = RoutingObserver.create(metrics, tracer, lambda: self._workers.values())
@@ -198,11 +200,14 @@ class WorkerPool:
         if len(serving) == 1:  # one worker serves the model: nothing to weigh
             decision = Decision(worker=candidates[0], reason="only")
         else:
+            exact = tokens and tokenizer_kind != "bytes"
             context = RoutingContext(
                 tokens=tokens,
                 expected_output=expected,
                 session_key=request.params.user,
                 now=now,
+                engine_tokens=(tokens[1:] if request.cache_salt else tokens) if exact else None,
+                salt=request.cache_salt,
                 units_per_token=scales,
             )
             decision = self.policy.choose(candidates, context)
@@ -221,6 +226,8 @@ class WorkerPool:
         settings = self.settings.cache_aware
         charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
         worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
+        if worker.kv_events is not None:
+            worker.kv_events.dispatched()
         seconds = time.perf_counter() - started
         prompt = round(prompt_tokens)
         span = self.observer.decided(
@@ -293,11 +300,16 @@ class WorkerPool:
         is known when serving starts), then keep checking. An embedded engine's load is awaited
         here, not inside the first check, whose timeout would mark it down until the next round."""
         await asyncio.gather(asyncio.to_thread(self.prompts.load), *map(_preload, self._workers.values()))
+        for worker in self._workers.values():
+            self._subscribe(worker)
         await self.health.check_all()
         self.health.start()
 
     async def aclose(self) -> None:
         await self.health.stop()
+        for task in list(self._feeds.values()):
+            await stop_feed(task)
+        self._feeds.clear()
         for task in list(self._drain_deadlines):
             task.cancel()
         workers, self._workers = list(self._workers.values()), {}
@@ -312,6 +324,7 @@ class WorkerPool:
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Add a worker and check its health at once; ValueError if its id is taken."""
         worker = self._add(spec)
+        self._subscribe(worker)
         await self.health.check(worker)
         return worker
 
@@ -333,6 +346,9 @@ class WorkerPool:
             return
         del self._workers[worker.id]
         self.health.forget(worker.id)
+        feed = self._feeds.pop(worker.id, None)
+        if feed is not None:
+            feed.cancel()
         logger.info("worker %s removed", worker.id)
         task = asyncio.get_running_loop().create_task(worker.engine.aclose())
         self._closing.add(task)
@@ -363,6 +379,14 @@ class WorkerPool:
         self._workers[worker_id] = worker
         self._learn_models(worker)
         return worker
+
+    def _subscribe(self, worker: Worker) -> None:
+        """Start following the worker's KV events, if it publishes them."""
+        if worker.kv_events is not None and worker.id not in self._feeds:
+            task = asyncio.get_running_loop().create_task(
+                worker.kv_events.run(), name=f"kv-events-{worker.id}"
+            )
+            self._feeds[worker.id] = task
 
     def _trim(self, worker: Worker) -> None:
         self._trims.discard(worker.id)

@@ -24,6 +24,7 @@ from adapters.base import Engine
 from cachelayer.radix import RadixTree
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.config import DEFAULT_EVICT_HEADROOM, BreakerSettings, WorkerSpec
+from proxy.routing.kv_events import KvEventFeed
 
 Health = Literal["unknown", "up", "down"]
 
@@ -95,8 +96,10 @@ class Worker:
     discovered_models: list[str] = field(default_factory=list)
     """Models the engine listed (`GET /v1/models`) when none were configured."""
     engine_load: dict[str, float] = field(default_factory=dict)
-    _prefills: deque[InFlight] = field(default_factory=deque)
     """The engine's own gauges from its `/metrics` (running, queued, cache hit rate), when it has them."""
+    kv_events: KvEventFeed | None = None
+    """The exact block index from the engine's KV events, when `spec.kv_events` is set."""
+    _prefills: deque[InFlight] = field(default_factory=deque)
 
     @classmethod
     def create(
@@ -119,6 +122,7 @@ class Worker:
             capacity_source=capacity_source,
             tree=RadixTree(clock=clock),
             capacity_estimate=float(capacity_tokens),
+            kv_events=KvEventFeed(spec.kv_events, clock) if spec.kv_events is not None else None,
         )
 
     @property
@@ -153,6 +157,14 @@ class Worker:
     def match(self, tokens: array[int]) -> int:
         """Tokens of `tokens` the tree predicts the engine holds."""
         return self.tree.match_prefix(tokens).length
+
+    def exact_match(self, engine_tokens: array[int] | None, salt: str) -> int | None:
+        """Tokens of the prompt the engine's KV events say it holds, or None when the worker has no
+        live event feed or the prompt's tokens are not the engine's (a byte-routed model)."""
+        feed = self.kv_events
+        if feed is None or engine_tokens is None or not feed.live():
+            return None
+        return feed.index.match(engine_tokens, salt)
 
     @property
     def tree_limit(self) -> int:
