@@ -250,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="none")
     parser.add_argument("--sim-tokenizer", choices=("word", "bpe"), default="word")
+    parser.add_argument(
+        "--kv-events", action="store_true", help="workers publish KV events; gateways subscribe"
+    )
     parser.add_argument("--gateway-toml", default="", help="extra radixgate.toml lines for every gateway")
     parser.add_argument("--stream-interval", type=int, default=64)
     parser.add_argument(
@@ -275,11 +278,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows: list[Row] = []
     started = time.time()
     try:
-        workers = [cluster.sim_worker(i, config, tokenizer, args.offer_tokenizer) for i in range(WORKERS)]
+        event_ports = [cluster.event_ports() if args.kv_events else 0 for _ in range(WORKERS)]
+        workers = [
+            cluster.sim_worker(i, config, tokenizer, args.offer_tokenizer, event_ports[i])
+            for i in range(WORKERS)
+        ]
         cluster.wait_ready(workers)
+        routed = workers
+        if args.kv_events:  # the workers and their event sockets go in the gateway's config instead
+            gateway_config.write_text(gateway_config.read_text() + _workers_toml(workers, event_ports))
+            routed = []
         for workload in args.workloads:
             routers = [
-                cluster.gateway(f"radixgate-{policy}", workers, policy, gateway_config, gateway_env)
+                cluster.gateway(f"radixgate-{policy}", routed, policy, gateway_config, gateway_env)
                 for policy in args.policies
             ]
             for variant in args.variant:
@@ -288,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 variant_config.write_text(gateway_config.read_text() + extra.replace("\\n", "\n") + "\n")
                 routers.append(
                     cluster.gateway(
-                        f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config, gateway_env
+                        f"radixgate-cache_aware-{name}", routed, "cache_aware", variant_config, gateway_env
                     )
                 )
             if _has_sglang_router(args.sglang_router):
@@ -321,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sim": asdict(config),
         "offer_tokenizer": args.offer_tokenizer,
         "sim_tokenizer": args.sim_tokenizer,
+        "kv_events": args.kv_events,
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),
@@ -328,6 +340,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     (OUT / "results.json").write_text(json.dumps(report, indent=2))
     print(markdown(rows))
     print(json.dumps(decisions, indent=2))
+
+
+def _workers_toml(workers: Sequence[Proc], event_ports: Sequence[int]) -> str:
+    """`[[workers]]` entries naming each worker's KV-event sockets."""
+    lines = []
+    for worker, port in zip(workers, event_ports, strict=True):
+        lines += [
+            "",
+            "[[workers]]",
+            f'url = "{worker.url}"',
+            'kind = "sglang"',
+            f'kv_events = {{ endpoint = "tcp://127.0.0.1:{port}", '
+            f'replay_endpoint = "tcp://127.0.0.1:{port + 1}" }}',
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _has_sglang_router(python: Path) -> bool:

@@ -158,6 +158,29 @@ class KvEventPublisher:
         await self._publish([event], drop=drop)
         return hashes
 
+    async def store_blocks(
+        self,
+        hashes: Sequence[Any],
+        parent: Any,
+        token_ids: Sequence[int],
+        *,
+        medium: str = "GPU",
+        extra_keys: list[Any] | None = None,
+    ) -> None:
+        """Publish BlockStored for blocks `hashes` (consecutive, after block `parent`)."""
+        stored_type = _MapStored if self.encoding == "map" else _ArrayStored
+        event = stored_type(
+            block_hashes=list(hashes),
+            parent_block_hash=parent,
+            token_ids=list(token_ids),
+            block_size=self.block_size,
+            lora_id=None,
+            medium=medium,
+            lora_name=None,
+            extra_keys=extra_keys,
+        )
+        await self._publish([event])
+
     async def remove(self, hashes: Sequence[Any], *, medium: str = "GPU", drop: bool = False) -> None:
         removed_type = _MapRemoved if self.encoding == "map" else _ArrayRemoved
         await self._publish([removed_type(block_hashes=list(hashes), medium=medium)], drop=drop)

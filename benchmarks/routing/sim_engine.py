@@ -25,8 +25,10 @@ import msgspec
 import uvicorn
 
 from adapters.schema import ChatCompletionRequest, StreamOptions
+from benchmarks.routing.kv_publisher import KvEventPublisher
 from benchmarks.routing.sim_core import PromptTooLong, SimConfig, SimEngine, SimRequest
 from benchmarks.routing.sim_http import Receive, Scope, Send, read_body, send_body, send_json, sse, start_sse
+from benchmarks.routing.sim_kv import SimKvEvents
 from benchmarks.routing.sim_tokens import SimTokens
 from proxy.routing.tokenizing import (
     ByteTokenizer,
@@ -48,6 +50,7 @@ class GenerateBody(msgspec.Struct, kw_only=True):
     sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
     stream: bool = False
     rid: str | None = None
+    extra_key: str | None = None
 
 
 class CompletionBody(msgspec.Struct, kw_only=True):
@@ -55,6 +58,7 @@ class CompletionBody(msgspec.Struct, kw_only=True):
 
     prompt: str | list[Any]
     max_tokens: int | None = None
+    cache_salt: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -95,10 +99,14 @@ class SimServer:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.engine.kv_events is not None:
+                    self.engine.kv_events.start()
                 self.engine.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.engine.stop()
+                if self.engine.kv_events is not None:
+                    await self.engine.kv_events.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -160,6 +168,7 @@ class SimServer:
                 tokens,
                 receive,
                 send,
+                chat.cache_salt if isinstance(chat.cache_salt, str) else None,
             )
         elif path == "/v1/completions" and method == "POST":
             completion = msgspec.json.decode(body, type=CompletionBody)
@@ -177,6 +186,7 @@ class SimServer:
                 tokens,
                 receive,
                 send,
+                completion.cache_salt,
             )
         else:
             await send_json(send, 404, {"detail": "Not Found"})
@@ -184,9 +194,9 @@ class SimServer:
     # ---- generation -------------------------------------------------------------------------
 
     async def _run(
-        self, tokens: list[int], max_new: int, receive: Receive
+        self, tokens: list[int], max_new: int, receive: Receive, salt: str | None = None
     ) -> tuple[SimRequest, asyncio.Task[None]]:
-        request = self.engine.submit(tokens, max_new, self.tokens.output_vocab)
+        request = self.engine.submit(tokens, max_new, self.tokens.output_vocab, salt or "")
         watcher = asyncio.create_task(_abort_on_disconnect(receive, self.engine, request))
         return request, watcher
 
@@ -198,7 +208,7 @@ class SimServer:
             tokens = self.tokenizer.encode_now(text)
         max_new = int(body.sampling_params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
         rid = body.rid or uuid.uuid4().hex
-        request, watcher = await self._run(tokens, max_new, receive)
+        request, watcher = await self._run(tokens, max_new, receive, body.extra_key)
         try:
             if not body.stream:
                 await _wait_finished(request)
@@ -235,8 +245,9 @@ class SimServer:
         tokens: list[int],
         receive: Receive,
         send: Send,
+        salt: str | None = None,
     ) -> None:
-        request, watcher = await self._run(tokens, max_new or DEFAULT_MAX_NEW_TOKENS, receive)
+        request, watcher = await self._run(tokens, max_new or DEFAULT_MAX_NEW_TOKENS, receive, salt)
         prefix = "chatcmpl" if operation == "chat" else "cmpl"
         base = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model}
         try:
@@ -343,11 +354,24 @@ async def _abort_on_disconnect(receive: Receive, engine: SimEngine, request: Sim
             return
 
 
-def build_app(config: SimConfig, tokenizer_spec: str | None, model: str, offer: str = "path") -> SimServer:
-    """The ASGI app of one simulated worker."""
+def build_app(
+    config: SimConfig,
+    tokenizer_spec: str | None,
+    model: str,
+    offer: str = "path",
+    kv_events_port: int | None = None,
+) -> SimServer:
+    """The ASGI app of one simulated worker; with `kv_events_port`, it publishes its cache's KV
+    events there (PUB) and replays them on the next port (ROUTER), as vLLM does."""
     tokenizer = load_tokenizer(tokenizer_spec)
     chat = ChatRenderer(load_chat_template(tokenizer_spec))
-    return SimServer(SimEngine(config), tokenizer, model, chat, offer)
+    kv = None
+    if kv_events_port is not None:
+        publisher = KvEventPublisher(
+            f"tcp://127.0.0.1:{kv_events_port}", f"tcp://127.0.0.1:{kv_events_port + 1}"
+        )
+        kv = SimKvEvents(publisher)
+    return SimServer(SimEngine(config, kv), tokenizer, model, chat, offer)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -360,13 +384,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="sim-model")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or .gguf; default: UTF-8 bytes")
     parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="path")
+    parser.add_argument(
+        "--kv-events-port", type=int, default=None, help="publish KV events here (replay: the next port)"
+    )
     defaults = SimConfig()
     for name in SimConfig.__dataclass_fields__:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=type(getattr(defaults, name)), default=getattr(defaults, name))
     args = parser.parse_args(argv)
     config = SimConfig(**{name: getattr(args, name) for name in SimConfig.__dataclass_fields__})
-    app = build_app(config, args.tokenizer, args.model, args.offer_tokenizer)
+    app = build_app(config, args.tokenizer, args.model, args.offer_tokenizer, args.kv_events_port)
     # Keep idle connections longer than any client pool does, so a reused connection is never a closed one.
     uvicorn.run(
         app,
