@@ -171,6 +171,23 @@ def allowed_hosts(pool: WorkerPool, configured: Sequence[str] | None) -> frozens
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def _event_hosts(spec: WorkerSpec) -> frozenset[str]:
+    """Hosts a worker's KV-event sockets connect to; an `ipc://` path counts as no permitted host
+    (a run-time worker may not open local socket files)."""
+    events = spec.kv_events
+    if events is None:
+        return frozenset()
+    hosts = set()
+    for endpoint in (events.endpoint, events.replay_endpoint):
+        if endpoint is None:
+            continue
+        if not endpoint.startswith("tcp://"):
+            hosts.add("ipc://")
+            continue
+        hosts.add(endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]").lower())
+    return frozenset(hosts)
+
+
 def admin_router(
     pool: WorkerPool, *, guards: Sequence[Guard] = (), worker_hosts: frozenset[str] | None = None
 ) -> Router:
@@ -202,12 +219,14 @@ def admin_router(
             _ = parts.port  # raises for a port that is not a number (the url pattern admits none)
         except ValueError as exc:
             raise ApiError(400, f"Invalid worker url: {exc}", param="url", code="invalid_worker") from None
-        if host not in permitted:
+        event_hosts = _event_hosts(data)
+        if host not in permitted or not event_hosts <= permitted:
             raise ApiError(
                 403,
-                f"Workers may point only at {', '.join(sorted(permitted))} (`routing.allowed_worker_hosts`).",
+                f"Workers (and their KV-event sockets) may point only at {', '.join(sorted(permitted))} "
+                "(`routing.allowed_worker_hosts`).",
                 error_type="permission_error",
-                param="url",
+                param="url" if host not in permitted else "kv_events",
                 code="worker_host_not_allowed",
             )
         try:
