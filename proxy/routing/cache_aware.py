@@ -2,7 +2,8 @@
 
 All lengths are in the engine's tokens (a byte tree's keys are divided by the learned bytes per
 token: `RoutingContext.units_per_token`). For a prompt of L tokens and each worker w, with m_w the
-prefix its tree predicts cached and Q_w its queued work:
+prefix it holds (from its engine's KV events when it has a live feed, else as its approximate tree
+predicts) and Q_w its queued work:
 
     cost_w = (prefill_weight * (L - m_w) + Q_w) / weight_w
 
