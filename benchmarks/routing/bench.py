@@ -61,6 +61,8 @@ CAPACITY_TOKENS = 32_768
 """Each worker's KV pool: 16 system prompts, with nothing left for questions and outputs (the
 shared-prefix workload's 64 prompts need all four workers' caches and a little more)."""
 CONCURRENCY = 64
+BPE_WORDS_SCALE = 0.5
+"""Under the BPE vocabulary a workload word is about two tokens: half the words, about the same tokens."""
 TURNS = 5
 CONVERSATIONS = 208
 """Multi-turn: 208 conversations x 5 turns = 1,040 requests, so TTFT p99 is the 11th slowest first
@@ -150,27 +152,33 @@ def _max_by_turn(result: RunResult) -> list[float] | None:
 
 
 async def replay(
-    workload: str, seed: int, target: Callable[[int], str], session_ids: bool, time_scale: float
+    workload: str,
+    seed: int,
+    target: Callable[[int], str],
+    session_ids: bool,
+    time_scale: float,
+    words_scale: float = 1.0,
 ) -> RunResult:
+    """Replay one workload; `words_scale` shrinks its prompts' word counts (a BPE vocabulary
+    makes each word several tokens: 0.5 keeps its prompts near the word-level sizes in tokens)."""
+    system, question = round(SYSTEM_LEN * words_scale), round(QUESTION_LEN * words_scale)
     if workload == "shared_prefix":
         requests = generated_shared_prefix(
-            seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
+            seed, system_len=system, question_len=question, output_len=OUTPUT_LEN
         )
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     if workload == "skewed":
-        requests = skewed_popularity(
-            seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
-        )
+        requests = skewed_popularity(seed, system_len=system, question_len=question, output_len=OUTPUT_LEN)
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     if workload == "no_sharing":
-        requests = no_sharing(seed, prompt_len=SYSTEM_LEN + QUESTION_LEN, output_len=OUTPUT_LEN)
+        requests = no_sharing(seed, prompt_len=system + question, output_len=OUTPUT_LEN)
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     conversations = multi_turn(
         seed,
         conversations=CONVERSATIONS,
         turns=TURNS,
-        system_len=SYSTEM_LEN,
-        question_len=QUESTION_LEN,
+        system_len=system,
+        question_len=question,
         output_len=OUTPUT_LEN // 2,
     )
     return await run_conversations(conversations, TURNS, target, USERS, USERS_RAMP_S * time_scale)
@@ -214,10 +222,11 @@ def run_one(
     workers: Sequence[Proc],
     target: Callable[[int], str],
     time_scale: float,
+    words_scale: float = 1.0,
 ) -> Row:
     flush_workers(workers)
     before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
-    result = asyncio.run(replay(workload, 7, target, True, time_scale))
+    result = asyncio.run(replay(workload, 7, target, True, time_scale, words_scale))
     after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
     cpu = Cpu(
         router=None
@@ -264,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
+    words_scale = 1.0 if args.sim_tokenizer == "word" else BPE_WORDS_SCALE
     word_tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
     tokenizer = word_tokenizer if args.sim_tokenizer == "word" else default_model_path()
     gateway_config = OUT / "gateway.toml"
@@ -311,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             cluster.wait_ready(routers)
             for router in routers:
                 target = _fixed(router.url)
-                rows.append(run_one(workload, router.name, router, workers, target, args.time_scale))
+                rows.append(
+                    run_one(workload, router.name, router, workers, target, args.time_scale, words_scale)
+                )
             rows.append(
                 run_one(
                     workload,
@@ -320,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     workers,
                     lambda group: workers[group % len(workers)].url,
                     args.time_scale,
+                    words_scale,
                 )
             )
             cluster.stop(routers)
