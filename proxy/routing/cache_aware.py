@@ -75,7 +75,8 @@ class CacheAware:
         pool = within_bound(candidates, settings.load_epsilon)
         bounded = len(pool) < len(candidates)
         # Each worker's cached fraction of the prompt: from its KV events when live, else its tree.
-        exact = {w.id: w.exact_match(context.engine_tokens, context.salt) for w in candidates}
+        keys = context.block_keys
+        exact = {w.id: w.exact_match(context.engine_tokens, context.salt, keys) for w in candidates}
         events_length = max(1, len(context.engine_tokens or ()))
         ratios = {}
         for w in candidates:

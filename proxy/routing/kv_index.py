@@ -15,6 +15,7 @@ disk: each medium's blocks are indexed apart, and a block counts while one mediu
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,19 @@ def chain_key(parent: bytes, extra: tuple[Any, ...] | None, tokens: Sequence[int
     """The index key of one block given its parent's key, its extra keys and its tokens."""
     digest = hashlib.blake2b(parent, digest_size=16)
     digest.update(repr(extra).encode() if extra else b"-")
-    digest.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    digest.update(tokens.tobytes() if isinstance(tokens, array) else array("I", tokens).tobytes())
     return digest.digest()
+
+
+def chain_keys(tokens: Sequence[int], salt: str, block_size: int) -> list[bytes]:
+    """The keys of every whole block of a prompt (computed once per decision, shared by workers)."""
+    keys: list[bytes] = []
+    parent, extra = ROOT_KEY, salt_extra(salt)
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = chain_key(parent, extra, tokens[start : start + block_size])
+        keys.append(parent)
+        extra = None
+    return keys
 
 
 def salt_extra(salt: str) -> tuple[Any, ...] | None:
@@ -85,18 +97,16 @@ class KvBlockIndex:
 
     def match(self, tokens: Sequence[int], salt: str = "") -> int:
         """Leading tokens of `tokens` held in whole blocks (any medium)."""
-        size = self.block_size
-        if size <= 0:
-            return 0
-        parent, matched = ROOT_KEY, 0
-        extra = salt_extra(salt)
-        for start in range(0, len(tokens) - size + 1, size):
-            parent = chain_key(parent, extra, tokens[start : start + size])
-            if parent not in self._media:
+        return self.match_keys(chain_keys(tokens, salt, self.block_size)) if self.block_size > 0 else 0
+
+    def match_keys(self, keys: Sequence[bytes]) -> int:
+        """Leading tokens held, given a prompt's `chain_keys` at this index's block size."""
+        held = 0
+        for key in keys:
+            if key not in self._media:
                 break
-            matched += size
-            extra = None
-        return matched
+            held += 1
+        return held * self.block_size
 
     def _stored(self, event: BlocksStored) -> None:
         size = event.block_size

@@ -43,6 +43,8 @@ class RoutingContext:
     exact tokenizer): what KV-event indexes match. None for a byte-routed prompt."""
     salt: str = ""
     """The tenant's cache salt (the first block's extra key in KV-event indexes)."""
+    block_keys: dict[int, list[bytes]] = field(default_factory=dict)
+    """`kv_index.chain_keys` of `engine_tokens` per block size, computed once for all workers."""
     units_per_token: dict[str, float] = field(default_factory=dict)
     """Per worker id, `tokens` keys per engine token (bytes per token for a byte-routed model);
     a missing worker's is 1. Dividing by it puts lengths and matches in the engine's tokens."""

@@ -25,6 +25,7 @@ from cachelayer.radix import RadixTree
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.config import DEFAULT_EVICT_HEADROOM, BreakerSettings, WorkerSpec
 from proxy.routing.kv_events import KvEventFeed
+from proxy.routing.kv_index import chain_keys
 
 Health = Literal["unknown", "up", "down"]
 
@@ -158,13 +159,19 @@ class Worker:
         """Tokens of `tokens` the tree predicts the engine holds."""
         return self.tree.match_prefix(tokens).length
 
-    def exact_match(self, engine_tokens: array[int] | None, salt: str) -> int | None:
+    def exact_match(
+        self, engine_tokens: array[int] | None, salt: str, keys: dict[int, list[bytes]]
+    ) -> int | None:
         """Tokens of the prompt the engine's KV events say it holds, or None when the worker has no
-        live event feed or the prompt's tokens are not the engine's (a byte-routed model)."""
+        live event feed or the prompt's tokens are not the engine's (a byte-routed model). `keys`
+        caches the prompt's block keys per block size across workers."""
         feed = self.kv_events
         if feed is None or engine_tokens is None or not feed.live():
             return None
-        return feed.index.match(engine_tokens, salt)
+        size = feed.index.block_size
+        if size not in keys:
+            keys[size] = chain_keys(engine_tokens, salt, size) if size > 0 else []
+        return feed.index.match_keys(keys[size])
 
     @property
     def tree_limit(self) -> int:
