@@ -51,7 +51,6 @@ class WorkerCounters:
         )
 
 
-@dataclass(slots=True)
 def free_port_is(port: int) -> bool:
     """True when `port` can be bound on loopback now."""
     with socket.socket() as probe:
@@ -62,6 +61,7 @@ def free_port_is(port: int) -> bool:
     return True
 
 
+@dataclass(slots=True)
 class Cluster:
     """Starts processes, waits for them, and stops every one it started (by pid)."""
 

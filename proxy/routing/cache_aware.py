@@ -7,8 +7,11 @@ predicts) and Q_w its queued work:
 
     cost_w = (prefill_weight * (L - m_w) + Q_w) / weight_w
 
-    Q_w = sum over w's in-flight requests r of (uncached_r * [dispatched < prefill_hold_s ago]
-                                                + decode_weight * expected_output_r)
+    Q_w = sum over w's in-flight requests r of (decode_weight * expected_output_r
+                                                + uncached_r * [dispatched < prefill_hold_s ago])
+
+(`prefill_hold_s` is 0 by default: queued work is decode only, and the load bound below keeps a
+burst of misses apart.)
 
 Both terms are tokens of work: L - m_w is the prefill this request would add on w, Q_w what already
 waits there. So a long match wins only while the work it saves exceeds the extra queue it joins

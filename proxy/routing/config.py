@@ -37,7 +37,7 @@ DEFAULT_EXPECTED_OUTPUT_TOKENS = 256
 DEFAULT_MATCH_THRESHOLD = 0.1
 DEFAULT_PREFILL_WEIGHT = 2.0
 DEFAULT_DECODE_WEIGHT = 0.25
-DEFAULT_PREFILL_HOLD_S = 1.0
+DEFAULT_PREFILL_HOLD_S = 0.0
 DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 DEFAULT_TTFT_SLACK_S = math.inf
 DEFAULT_LOAD_EPSILON = 0.25
@@ -132,9 +132,12 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     decode_weight: float = DEFAULT_DECODE_WEIGHT
     """Queued work of one expected output token, relative to one prefill token. Small, because decode
     work is done somewhere whatever the choice: it only measures imbalance."""
-    prefill_hold_s: float = DEFAULT_PREFILL_HOLD_S
-    """Seconds a dispatched request's uncached prompt counts as queued work (about the time a prompt
-    waits for and spends in prefill); its expected output counts until the request ends."""
+    prefill_hold_s: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_PREFILL_HOLD_S
+    """Seconds a dispatched request's uncached prompt counts as queued work; its expected output
+    counts until the request ends. 0 (default): queued work is decode only, and the load bound keeps
+    a burst of misses apart. A time in seconds is the engine's speed, not a property of routing: at
+    1 s, a fast engine's long-done prefills kept making workers look busy and moved prefixes off the
+    workers holding them (`benchmarks/routing`)."""
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     """Prefill speed of a weight-1 worker, for the TTFT guard's prefill queues. 20,000: an 8B model on
     one H100-class GPU (the simulated workers of `benchmarks/routing` at time scale 1)."""

@@ -39,7 +39,7 @@ async def test_multi_turn_chats_sharing_one_system_prompt_do_not_pile_onto_one_w
     for lease in leases:
         per_worker[lease.worker_id] = per_worker.get(lease.worker_id, 0) + 1
     assert len(per_worker) == 4
-    assert max(per_worker.values()) <= 2 * min(per_worker.values())
+    assert max(per_worker.values()) <= 5  # the load bound: ceil(1.25 x 16 / 4)
 
 
 async def test_a_conversation_returns_to_the_worker_holding_its_history() -> None:
