@@ -1,7 +1,8 @@
 """Routing over many engine workers: the `proxy.router.Router` the request path uses.
 
     config        WorkerSpec, RoutingSettings and their knobs (DEFAULT_* next to each)
-    pool          WorkerPool (the Router) and PoolLease; run-time add, remove and drain
+    pool          WorkerPool (the Router); run-time add, remove and drain; panic mode
+    lease         PoolLease: one attempt, and what its outcome teaches the router
     worker        one worker's load, health, breaker and approximate prefix tree
     policies      round_robin, random, power_of_two, least_load, session
     cache_aware   the default policy: its cost function within a bounded load

@@ -2,8 +2,8 @@
 
 `acquire` tokenizes the request (only for policies that read tokens), lets the policy choose among
 the available workers, inserts the prompt into the chosen worker's tree, charges its queued work and
-returns a `PoolLease`. `PoolLease.release` uncharges it, feeds the breaker and corrects the tree
-with the engine-reported `cached_tokens`. Workers are added and removed at run time; a removed
+returns a `PoolLease` (`proxy.routing.lease`). When every worker of a model is marked down, the most
+recently healthy one is tried anyway (panic mode). Workers are added and removed at run time; a removed
 worker drains: it takes no new request and is closed when its last lease is released.
 """
 
@@ -17,104 +17,26 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import Tracer
 
 from adapters.base import Engine, EngineRequest
 from adapters.engine_metrics import FlushesCache, LoadsInProcess
 from adapters.errors import EngineOverloaded
-from adapters.schema import Usage
 from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
 from proxy.routing.kv_events import stop as stop_feed
+from proxy.routing.lease import PoolLease, RoutedPrompt
 from proxy.routing.observe import RoutingObserver
 from proxy.routing.policies import Decision, RoutingContext
 from proxy.routing.prompts import PromptTokens
 from proxy.routing.registry import build_policy, worker_id_of
-from proxy.routing.worker import DEFAULT_BYTES_PER_TOKEN, InFlight, Worker
+from proxy.routing.worker import DEFAULT_BYTES_PER_TOKEN, Worker
 from proxy.telemetry.prometheus import MetricsRegistry
 
 logger = logging.getLogger("radixgate.routing")
 
 EngineFactory = Callable[[WorkerSpec], Engine]
-
-
-class PoolLease:
-    """One attempt's hold on one worker (`proxy.router.WorkerLease`)."""
-
-    __slots__ = (
-        "_charge",
-        "_panic",
-        "_pool",
-        "_predicted",
-        "_prompt_tokens",
-        "_released",
-        "_routed",
-        "_span",
-        "_worker",
-        "engine",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        pool: WorkerPool,
-        worker: Worker,
-        charge: InFlight,
-        prompt_tokens: float,
-        predicted: int,
-        routed: RoutedPrompt | None = None,
-        *,
-        panic: bool = False,
-        span: Span | None = None,
-    ):
-        self._pool = pool
-        self._panic = panic
-        self._span = span
-        self._worker = worker
-        self._charge = charge
-        self._prompt_tokens = prompt_tokens
-        self._predicted = predicted
-        self._routed = routed
-        self._released = False
-        self.worker_id = worker.id
-        self.engine = worker.engine
-
-    def release(self, *, usage: Usage | None, failed: bool) -> None:
-        """End the attempt (idempotent)."""
-        if self._released:
-            return
-        self._released = True
-        worker = self._worker
-        worker.settle(self._charge, failed=failed)
-        predicted: int | None = None
-        cached = usage.cached_tokens if usage is not None and not failed else None
-        if failed:
-            self._pool.observer.failed(worker.id)
-        elif self._panic:
-            self._pool.recheck_soon(worker)  # it answered: let a health check bring it back now
-        elif usage is not None and usage.prompt_tokens and self._prompt_tokens:
-            routed = self._routed
-            if routed is not None and routed.kind == "bytes":
-                worker.learn_bytes_per_token(routed.model, routed.units, usage.prompt_tokens)
-        if cached is not None and usage is not None and usage.prompt_tokens and self._prompt_tokens:
-            # The prediction as a fraction of the router's estimate of the prompt, in the engine's
-            # tokens (the estimate of a byte-routed prompt need not be exact).
-            predicted = round(self._predicted / self._prompt_tokens * usage.prompt_tokens)
-            worker.correct(usage.prompt_tokens, predicted, cached)
-        self._pool.observer.settled(self._span, worker.id, predicted, cached, failed=failed)
-        if worker.draining and worker.in_flight == 0:
-            self._pool.finish_drain(worker)
-
-
-@dataclass(slots=True, frozen=True)
-class RoutedPrompt:
-    """What a lease needs to learn a byte-routed model's bytes per token from the engine's usage."""
-
-    model: str
-    kind: str
-    units: int
-    """Prompt length in the tree's keys, the tenant salt's pseudo-token excluded."""
 
 
 @dataclass(slots=True)
