@@ -24,10 +24,21 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from adapters.schema import ChatCompletionRequest, StreamOptions
+from adapters.schema import ChatCompletionRequest
 from benchmarks.routing.kv_publisher import KvEventPublisher
 from benchmarks.routing.sim_core import PromptTooLong, SimConfig, SimEngine, SimRequest
-from benchmarks.routing.sim_http import Receive, Scope, Send, read_body, send_body, send_json, sse, start_sse
+from benchmarks.routing.sim_http import (
+    CompletionBody,
+    GenerateBody,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_body,
+    send_json,
+    sse,
+    start_sse,
+)
 from benchmarks.routing.sim_kv import SimKvEvents
 from benchmarks.routing.sim_tokens import SimTokens
 from proxy.routing.tokenizing import (
@@ -40,27 +51,6 @@ from proxy.routing.tokenizing import (
 
 DEFAULT_MAX_NEW_TOKENS = 128
 KEEP_ALIVE_S = 75
-
-
-class GenerateBody(msgspec.Struct, kw_only=True):
-    """SGLang's native `/generate` request (the fields the simulator reads)."""
-
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None
-    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
-    stream: bool = False
-    rid: str | None = None
-    extra_key: str | None = None
-
-
-class CompletionBody(msgspec.Struct, kw_only=True):
-    """OpenAI `/v1/completions` (the fields the simulator reads)."""
-
-    prompt: str | list[Any]
-    max_tokens: int | None = None
-    cache_salt: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
 
 
 class SimServer:
