@@ -91,7 +91,12 @@ class KvEventFeed:
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.spec.topic.encode())
-        sub.connect(self.spec.endpoint)
+        try:
+            sub.connect(self.spec.endpoint)
+        except zmq.ZMQError as exc:  # the approximate tree keeps routing this worker
+            logger.warning("cannot subscribe to KV events at %s: %s", self.spec.endpoint, exc)
+            sub.close()
+            return
         try:
             while True:
                 frames = await sub.recv_multipart()
