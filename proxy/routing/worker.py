@@ -179,12 +179,10 @@ class Worker:
         return int(self.capacity_estimate * self.units_per_token)
 
     def scale_for(self, model: str, kind: str) -> float:
-        """Tree keys per engine token for a request of `model` tokenized by `kind`; a byte-routed
-        model also sets the tree's own scale (one model per worker is the rule; with several, the
-        latest byte-routed one sizes the tree)."""
-        if kind != "bytes":
-            return 1.0
-        scale = self.bytes_per_token.get(model, DEFAULT_BYTES_PER_TOKEN)
+        """Tree keys per engine token for a request of `model` tokenized by `kind`, which also sets
+        the tree's own scale (one model per worker is the rule; with several, the latest request's
+        sizes the tree)."""
+        scale = self.bytes_per_token.get(model, DEFAULT_BYTES_PER_TOKEN) if kind == "bytes" else 1.0
         self.units_per_token = scale
         return scale
 
