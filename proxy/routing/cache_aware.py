@@ -2,8 +2,9 @@
 
 All lengths are in the engine's tokens (a byte tree's keys are divided by the learned bytes per
 token: `RoutingContext.units_per_token`). For a prompt of L tokens and each worker w, with m_w the
-prefix it holds (from its engine's KV events when it has a live feed, else as its approximate tree
-predicts) and Q_w its queued work:
+prefix it holds (from its engine's KV events when it has a live feed, or the approximate tree's
+prediction when that is longer: the tree already holds what was just sent there and is not stored
+yet) and Q_w its queued work:
 
     cost_w = (prefill_weight * (L - m_w) + Q_w) / weight_w
 
@@ -83,8 +84,10 @@ class CacheAware:
         events_length = max(1, len(context.engine_tokens or ()))
         ratios = {}
         for w in candidates:
-            held = exact[w.id]
-            ratios[w.id] = w.match(tokens) / length if held is None else held / events_length
+            held, predicted = exact[w.id], w.match(tokens) / length
+            # Events say what the engine stores; the tree also holds what was just sent there and is
+            # not stored yet (a burst for a new prefix arrives before its first prefill is done).
+            ratios[w.id] = predicted if held is None else max(held / events_length, predicted)
         # Lengths and matches in the engine's tokens (a byte tree's keys divided by bytes per token).
         lengths = {w.id: length / context.units_per_token.get(w.id, 1.0) for w in candidates}
         matches = {w.id: ratios[w.id] * lengths[w.id] for w in candidates}
