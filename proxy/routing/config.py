@@ -74,7 +74,8 @@ API_KEY_PATTERN = r"^[\x21-\x7e]+$"
 
 
 DEFAULT_KV_EVENTS_STALE_S = 5.0
-ZMQ_ENDPOINT_PATTERN = r"^(tcp://[A-Za-z0-9._~*\[\]:-]+:[0-9]{1,5}|ipc://\S+)$"
+ZMQ_ENDPOINT_PATTERN = r"^(tcp://[A-Za-z0-9._~*\[\]:-]+:[0-9]{1,5}|ipc://[\x21-\x7e]+)$"
+"""A ZMQ endpoint: `tcp://HOST:PORT` or `ipc://PATH` (printable ASCII)."""
 
 
 class KvEventsSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
