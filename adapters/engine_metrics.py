@@ -66,6 +66,14 @@ class ServesResponses(Protocol):
 
 
 @runtime_checkable
+class NamesTokenizer(Protocol):
+    async def tokenizer_path(self) -> str | None:
+        """Where the engine loaded its tokenizer from (a tokenizer.json or a model directory, a path
+        on the engine's host), None when it does not say."""
+        ...
+
+
+@runtime_checkable
 class FlushesCache(Protocol):
     async def flush_cache(self) -> bool:
         """Drop the engine's prefix cache; False when the engine refused (e.g. busy)."""

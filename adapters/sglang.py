@@ -9,6 +9,7 @@
   `meta_info.cached_tokens` into `usage.prompt_tokens_details.cached_tokens`.
 - `check_health` calls `/health_generate` (a real one-token generation when idle).
 - `kv_capacity_tokens` reads `max_total_num_tokens` from `/server_info` (older: `/get_server_info`).
+- `tokenizer_path` reads `tokenizer_path` (else `model_path`) from `/server_info`.
 - `load` parses `/metrics` under both the `sglang:` and the newer `sglang_` prefix.
 - `flush_cache` calls `/flush_cache`, which SGLang refuses (400) while requests run.
 """
@@ -145,6 +146,15 @@ class SGLangEngine(OpenAICompatEngine):
         if value is None and isinstance(states, list) and states and isinstance(states[0], dict):
             value = states[0].get("max_total_num_tokens")
         return int(value) if isinstance(value, int | float) and value > 0 else None
+
+    async def tokenizer_path(self) -> str | None:
+        """`tokenizer_path` (else `model_path`) of the server: where its tokenizer files lie."""
+        info = await self.server_info()
+        for key in ("tokenizer_path", "model_path"):
+            value = info.get(key)
+            if isinstance(value, str) and value:
+                return value
+        return None
 
     async def load(self) -> EngineLoad:
         """Running and queued requests, token usage and cache hit rate from `/metrics`."""

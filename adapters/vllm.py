@@ -4,7 +4,8 @@
   (vLLM keeps salted requests' prefix blocks apart). `usage.prompt_tokens_details.cached_tokens` is
   relayed when vLLM reports it (`--enable-prompt-tokens-details`); when it does not, the cached count
   stays unknown (None), never zero.
-- `tokenize` calls `POST /tokenize`; `flush_cache` calls `POST /reset_prefix_cache`.
+- `tokenize` calls `POST /tokenize`; `flush_cache` calls `POST /reset_prefix_cache`;
+  `tokenizer_path` is the model's `root` in `GET /v1/models`.
 - `load` parses `/metrics`: `vllm:num_requests_running|waiting`, `vllm:kv_cache_usage_perc` (older:
   `vllm:gpu_cache_usage_perc`) and the hit rate from `vllm:prefix_cache_hits_total` over
   `vllm:prefix_cache_queries_total`; `kv_capacity_tokens` comes from the labels of
@@ -72,6 +73,17 @@ class VLLMEngine(OpenAICompatEngine):
             raise status_error(response.status_code, response.content)
         return msgspec.json.decode(response.content, type=_TokenizeAnswer).tokens
 
+    async def tokenizer_path(self) -> str | None:
+        """The served model's `root` in `/v1/models`: the directory vLLM loaded it and its tokenizer from."""
+        try:
+            response = await self._client.get(self._root + "/v1/models", timeout=self.config.health_timeout_s)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, mid_stream=False) from exc
+        if response.status_code != 200:
+            raise status_error(response.status_code, response.content)
+        listing = msgspec.json.decode(response.content, type=_ModelRoots)
+        return next((entry.root for entry in listing.data if entry.root), None)
+
     async def flush_cache(self) -> bool:
         """`POST /reset_prefix_cache`; False when vLLM refuses."""
         response = await self._post("/reset_prefix_cache", b"")
@@ -126,6 +138,14 @@ class VLLMEngine(OpenAICompatEngine):
 
 class _TokenizeAnswer(msgspec.Struct):
     tokens: list[int]
+
+
+class _ModelRoot(msgspec.Struct):
+    root: str | None = None
+
+
+class _ModelRoots(msgspec.Struct):
+    data: list[_ModelRoot]
 
 
 def _salted(request: EngineRequest) -> EngineRequest:

@@ -1,13 +1,21 @@
 """Routing benchmark: every policy over the same simulated workers, in one run, plus sglang-router.
 
-    .venv/bin/python -m benchmarks.routing.bench [--time-scale 0.25] [--sglang-router VENV/bin/python]
+    .venv/bin/python -m benchmarks.routing.bench [--time-scale 0.25] [--offer-tokenizer none]
 
-For each workload (generated-shared-prefix, multi-turn over one system prompt, no sharing) and each
-router (radixgate with every policy, sglang-router `cache_aware`, and a sticky oracle that sends each
-group straight to one worker), the workers' caches are flushed, the workload is replayed, and the
-workers' own counters give the token hit rate and the per-worker request spread. Throughput is output
-tokens per wall second; TTFT is to the first streamed content. Results go to stdout (a Markdown
-table) and to `benchmarks/routing/out/results.json`.
+For each workload (generated-shared-prefix, multi-turn over one system prompt, skewed popularity, no
+sharing) and each router (radixgate with every policy, sglang-router `cache_aware` when the `bench`
+extra's `sglang-router` is installed, and a sticky oracle that sends each group straight to one
+worker), the workers' caches are flushed, the workload is replayed, and the workers' own counters
+give the token hit rate and the per-worker request spread. Throughput is output tokens per wall
+second; TTFT is to the first streamed content. Results go to stdout (a Markdown table) and to
+`benchmarks/routing/out/results.json`.
+
+The gateways run with the shipped routing defaults and no `[routing.tokenizers]`: the simulated
+SGLang workers (32k-token caches) count tokens with a tokenizer the gateway is not given, and
+`--offer-tokenizer` sets how much of it they let a router find (see `sim_engine`): `none` leaves the
+gateway UTF-8 bytes and the bytes per token it learns from the workers' `prompt_tokens`.
+`--sim-tokenizer bpe` swaps the word-level vocabulary for the embedded model's BPE one (SmolLM2's,
+from its GGUF), under which a word is several tokens.
 """
 
 from __future__ import annotations
@@ -17,32 +25,44 @@ import asyncio
 import json
 import platform
 import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
 
+from adapters.local.config import default_model_path
 from benchmarks.routing.cluster import (
     Cluster,
     Proc,
-    WorkerCounters,
     cpu_seconds,
     flush_workers,
     worker_counters,
 )
 from benchmarks.routing.decision import measure_decisions
 from benchmarks.routing.load import RunResult, run_conversations, run_requests
+from benchmarks.routing.report import Cpu, Row, markdown, summarize
 from benchmarks.routing.sim_core import SimConfig
-from benchmarks.routing.workload import generated_shared_prefix, multi_turn, no_sharing, write_word_tokenizer
+from benchmarks.routing.workload import (
+    generated_shared_prefix,
+    multi_turn,
+    no_sharing,
+    skewed_popularity,
+    write_word_tokenizer,
+)
 
 POLICIES = ("round_robin", "random", "power_of_two", "least_load", "session", "cache_aware")
 WORKERS = 4
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 2048, 128, 256
-CAPACITY_TOKENS = 16 * SYSTEM_LEN + 32 * (QUESTION_LEN + OUTPUT_LEN)
-"""16 system prompts of prefix cache, plus room for one full batch's own question and output tokens."""
-CONCURRENCY = 128
+CAPACITY_TOKENS = 32_768
+"""Each worker's KV pool: 16 system prompts, with nothing left for questions and outputs (the
+shared-prefix workload's 64 prompts need all four workers' caches and a little more)."""
+CONCURRENCY = 64
+BPE_WORDS_SCALE = 0.5
+"""Under the BPE vocabulary a workload word is about two tokens: half the words, about the same tokens."""
 TURNS = 5
 CONVERSATIONS = 208
 """Multi-turn: 208 conversations x 5 turns = 1,040 requests, so TTFT p99 is the 11th slowest first
@@ -57,97 +77,34 @@ cluster together; with 1,040 requests those synchronized bursts, not the routing
 OUT = Path(__file__).parent / "out"
 
 
-@dataclass(slots=True)
-class Row:
-    workload: str
-    router: str
-    requests: int
-    failures: int
-    wall_s: float
-    throughput_tok_s: float
-    engine_throughput_tok_s: float
-    """Output tokens per simulated second of the busiest worker: the wall-clock-free view."""
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    latency_p50_s: float | None
-    latency_p99_s: float | None
-    hit_rate: float
-    max_min_load: float
-    per_worker_requests: list[float]
-    first_error: str | None
-    router_cpu_ms_per_request: float | None
-    """CPU the router process spent per request (None for the oracle, which has no router)."""
-    workers_cpu_s: float
-    client_cpu_s: float
-    ttft_max_by_turn: list[float] | None = None
-    """Multi-turn only: the slowest first token of each turn (where the TTFT tail comes from)."""
-    trees: list[dict[str, object]] | None = None
-    """radixgate only: per worker, its routing tree and prediction accuracy (from /admin/workers)."""
-
-
-@dataclass(slots=True)
-class Cpu:
-    router: float | None
-    workers: float
-    client: float
-
-
-def summarize(
-    workload: str, router: str, result: RunResult, counters: Sequence[WorkerCounters], cpu: Cpu
-) -> Row:
-    prompt = sum(c.prompt_tokens for c in counters)
-    cached = sum(c.cached_tokens for c in counters)
-    loads = [c.requests for c in counters]
-    return Row(
-        workload=workload,
-        router=router,
-        requests=len(result.outcomes),
-        failures=result.failures,
-        wall_s=round(result.wall_s, 2),
-        throughput_tok_s=round(result.throughput, 1),
-        engine_throughput_tok_s=round(result.output_tokens / max(c.busy_s for c in counters), 1),
-        ttft_p50_s=result.ttft_percentile(0.5),
-        ttft_p99_s=result.ttft_percentile(0.99),
-        latency_p50_s=result.latency_percentile(0.5),
-        latency_p99_s=result.latency_percentile(0.99),
-        hit_rate=round(cached / prompt, 4) if prompt else 0.0,
-        max_min_load=round(max(loads) / min(loads), 2) if min(loads) > 0 else float("inf"),
-        per_worker_requests=loads,
-        first_error=next((o.error for o in result.outcomes if o.error is not None), None),
-        router_cpu_ms_per_request=None
-        if cpu.router is None
-        else round(cpu.router * 1e3 / len(result.outcomes), 2),
-        workers_cpu_s=round(cpu.workers, 1),
-        client_cpu_s=round(cpu.client, 1),
-        ttft_max_by_turn=_max_by_turn(result),
-    )
-
-
-def _max_by_turn(result: RunResult) -> list[float] | None:
-    slowest: dict[int, float] = {}
-    for o in result.outcomes:
-        if o.turn is not None and o.ttft_s is not None:
-            slowest[o.turn] = max(slowest.get(o.turn, 0.0), round(o.ttft_s, 3))
-    return [slowest[turn] for turn in sorted(slowest)] or None
-
-
 async def replay(
-    workload: str, seed: int, target: Callable[[int], str], session_ids: bool, time_scale: float
+    workload: str,
+    seed: int,
+    target: Callable[[int], str],
+    session_ids: bool,
+    time_scale: float,
+    words_scale: float = 1.0,
 ) -> RunResult:
+    """Replay one workload; `words_scale` shrinks its prompts' word counts (a BPE vocabulary
+    makes each word several tokens: 0.5 keeps its prompts near the word-level sizes in tokens)."""
+    system, question = round(SYSTEM_LEN * words_scale), round(QUESTION_LEN * words_scale)
     if workload == "shared_prefix":
         requests = generated_shared_prefix(
-            seed, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, output_len=OUTPUT_LEN
+            seed, system_len=system, question_len=question, output_len=OUTPUT_LEN
         )
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+    if workload == "skewed":
+        requests = skewed_popularity(seed, system_len=system, question_len=question, output_len=OUTPUT_LEN)
+        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     if workload == "no_sharing":
-        requests = no_sharing(seed, prompt_len=SYSTEM_LEN + QUESTION_LEN, output_len=OUTPUT_LEN)
+        requests = no_sharing(seed, prompt_len=system + question, output_len=OUTPUT_LEN)
         return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
     conversations = multi_turn(
         seed,
         conversations=CONVERSATIONS,
         turns=TURNS,
-        system_len=SYSTEM_LEN,
-        question_len=QUESTION_LEN,
+        system_len=system,
+        question_len=question,
         output_len=OUTPUT_LEN // 2,
     )
     return await run_conversations(conversations, TURNS, target, USERS, USERS_RAMP_S * time_scale)
@@ -191,10 +148,11 @@ def run_one(
     workers: Sequence[Proc],
     target: Callable[[int], str],
     time_scale: float,
+    words_scale: float = 1.0,
 ) -> Row:
     flush_workers(workers)
     before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
-    result = asyncio.run(replay(workload, 7, target, True, time_scale))
+    result = asyncio.run(replay(workload, 7, target, True, time_scale, words_scale))
     after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
     cpu = Cpu(
         router=None
@@ -218,11 +176,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sglang-router",
         type=Path,
-        default=Path("/tmp/sglr-venv/bin/python"),
-        help="python of a venv with sglang-router installed (skipped if missing)",
+        default=Path(sys.executable),
+        help="python with sglang-router installed (the `bench` extra; skipped if it lacks it)",
     )
-    parser.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn", "no_sharing"])
+    parser.add_argument(
+        "--workloads", nargs="+", default=["shared_prefix", "multi_turn", "skewed", "no_sharing"]
+    )
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="none")
+    parser.add_argument("--sim-tokenizer", choices=("word", "bpe"), default="word")
+    parser.add_argument(
+        "--kv-events", action="store_true", help="workers publish KV events; gateways subscribe"
+    )
     parser.add_argument("--gateway-toml", default="", help="extra radixgate.toml lines for every gateway")
     parser.add_argument("--stream-interval", type=int, default=64)
     parser.add_argument(
@@ -234,29 +199,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
-    tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
+    words_scale = 1.0 if args.sim_tokenizer == "word" else BPE_WORDS_SCALE
+    word_tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
+    tokenizer = word_tokenizer if args.sim_tokenizer == "word" else default_model_path()
     gateway_config = OUT / "gateway.toml"
-    gateway_config.write_text(
-        # Health checks must not mistake a saturated (simulated) engine for a dead one.
-        f'[upstream_client]\nhealth_timeout_s = 10.0\n\n[routing.tokenizers]\nsim-model = "{tokenizer}"\n'
-        + args.gateway_toml
-    )
+    # Routing defaults, no tokenizer named. Health checks must not mistake a saturated (simulated,
+    # two-core) engine for a dead one: that timeout is the host's, not the routing's.
+    gateway_config.write_text("[upstream_client]\nhealth_timeout_s = 10.0\n" + args.gateway_toml)
     config = SimConfig(
         capacity_tokens=CAPACITY_TOKENS, time_scale=args.time_scale, stream_interval=args.stream_interval
     )
-    # The gateways' TTFT guard must know how fast these workers prefill in wall time (an operator sets
-    # it to their engines' speed); an environment variable, so --gateway-toml may still add tables.
-    speed = 1 / (config.prefill_s_per_token * config.time_scale)
-    gateway_env = {"RADIXGATE_ROUTING__CACHE_AWARE__PREFILL_TOKENS_PER_S": f"{speed:.0f}"}
+    gateway_env: dict[str, str] = {}
     cluster = Cluster(OUT)
     rows: list[Row] = []
     started = time.time()
     try:
-        workers = [cluster.sim_worker(i, config, tokenizer) for i in range(WORKERS)]
+        event_ports = [cluster.event_ports() if args.kv_events else 0 for _ in range(WORKERS)]
+        workers = [
+            cluster.sim_worker(i, config, tokenizer, args.offer_tokenizer, event_ports[i])
+            for i in range(WORKERS)
+        ]
         cluster.wait_ready(workers)
+        routed = workers
+        if args.kv_events:  # the workers and their event sockets go in the gateway's config instead
+            gateway_config.write_text(gateway_config.read_text() + _workers_toml(workers, event_ports))
+            routed = []
         for workload in args.workloads:
             routers = [
-                cluster.gateway(f"radixgate-{policy}", workers, policy, gateway_config, gateway_env)
+                cluster.gateway(f"radixgate-{policy}", routed, policy, gateway_config, gateway_env)
                 for policy in args.policies
             ]
             for variant in args.variant:
@@ -265,17 +235,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                 variant_config.write_text(gateway_config.read_text() + extra.replace("\\n", "\n") + "\n")
                 routers.append(
                     cluster.gateway(
-                        f"radixgate-cache_aware-{name}", workers, "cache_aware", variant_config, gateway_env
+                        f"radixgate-cache_aware-{name}", routed, "cache_aware", variant_config, gateway_env
                     )
                 )
-            if args.sglang_router.exists():
+            if _has_sglang_router(args.sglang_router):
                 routers.append(
-                    cluster.sglang_router("sglang-router-cache_aware", workers, args.sglang_router, tokenizer)
+                    cluster.sglang_router(
+                        "sglang-router-cache_aware", workers, args.sglang_router, word_tokenizer
+                    )
                 )
             cluster.wait_ready(routers)
             for router in routers:
                 target = _fixed(router.url)
-                rows.append(run_one(workload, router.name, router, workers, target, args.time_scale))
+                rows.append(
+                    run_one(workload, router.name, router, workers, target, args.time_scale, words_scale)
+                )
             rows.append(
                 run_one(
                     workload,
@@ -284,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     workers,
                     lambda group: workers[group % len(workers)].url,
                     args.time_scale,
+                    words_scale,
                 )
             )
             cluster.stop(routers)
@@ -294,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": f"{platform.machine()} {platform.processor() or ''} {platform.system()}".strip(),
         "sim": asdict(config),
+        "offer_tokenizer": args.offer_tokenizer,
+        "sim_tokenizer": args.sim_tokenizer,
+        "kv_events": args.kv_events,
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),
@@ -303,34 +281,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(json.dumps(decisions, indent=2))
 
 
-def _pair(p50: float | None, p99: float | None) -> str:
-    return "-" if p50 is None or p99 is None else f"{p50:.2f} / {p99:.2f}"
-
-
-def markdown(rows: Sequence[Row]) -> str:
-    """One table per workload; ratios are against radixgate's round_robin in the same run.
-    TTFT is measured on the streamed multi-turn workload only."""
+def _workers_toml(workers: Sequence[Proc], event_ports: Sequence[int]) -> str:
+    """`[[workers]]` entries naming each worker's KV-event sockets."""
     lines = []
-    for workload in dict.fromkeys(r.workload for r in rows):
-        group = [r for r in rows if r.workload == workload]
-        base = next((r for r in group if r.router == "radixgate-round_robin"), group[0])
+    for worker, port in zip(workers, event_ports, strict=True):
         lines += [
-            f"\n#### {workload}\n",
-            "| router | hit rate | tok/s (wall) | x RR | tok/engine-s | x RR | TTFT p50/p99 s "
-            "| latency p50/p99 s | max/min load | router CPU ms/req | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "",
+            "[[workers]]",
+            f'url = "{worker.url}"',
+            'kind = "sglang"',
+            f'kv_events = {{ endpoint = "tcp://127.0.0.1:{port}", '
+            f'replay_endpoint = "tcp://127.0.0.1:{port + 1}" }}',
         ]
-        for r in group:
-            wall = r.throughput_tok_s / base.throughput_tok_s if base.throughput_tok_s else float("nan")
-            engine = r.engine_throughput_tok_s / base.engine_throughput_tok_s
-            cpu = "-" if r.router_cpu_ms_per_request is None else r.router_cpu_ms_per_request
-            lines.append(
-                f"| {r.router} | {r.hit_rate:.1%} | {r.throughput_tok_s:.0f} | {wall:.2f} | "
-                f"{r.engine_throughput_tok_s:.0f} | {engine:.2f} | {_pair(r.ttft_p50_s, r.ttft_p99_s)} | "
-                f"{_pair(r.latency_p50_s, r.latency_p99_s)} | {r.max_min_load:.2f} | "
-                f"{cpu} | {r.failures} |"
-            )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def _has_sglang_router(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run([str(python), "-c", "import sglang_router"], capture_output=True, check=False)
+    return probe.returncode == 0
 
 
 if __name__ == "__main__":

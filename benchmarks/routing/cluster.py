@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,16 @@ class WorkerCounters:
         )
 
 
+def free_port_is(port: int) -> bool:
+    """True when `port` can be bound on loopback now."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass(slots=True)
 class Cluster:
     """Starts processes, waits for them, and stops every one it started (by pid)."""
@@ -83,7 +94,10 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def sim_worker(self, index: int, config: SimConfig, tokenizer: Path) -> Proc:
+    def sim_worker(
+        self, index: int, config: SimConfig, tokenizer: Path, offer: str = "path", kv_events_port: int = 0
+    ) -> Proc:
+        """One simulated worker; with `kv_events_port`, it publishes KV events there (replay: +1)."""
         port = self.port()
         args = [
             sys.executable,
@@ -93,7 +107,11 @@ class Cluster:
             str(port),
             "--tokenizer",
             str(tokenizer),
+            "--offer-tokenizer",
+            offer,
         ]
+        if kv_events_port:
+            args += ["--kv-events-port", str(kv_events_port)]
         for name in SimConfig.__dataclass_fields__:
             args += ["--" + name.replace("_", "-"), str(getattr(config, name))]
         return self.start(f"worker{index}", args, port, "/health")
@@ -116,9 +134,17 @@ class Cluster:
             "--log-level",
             "warning",
         ]
-        for worker in workers:
+        for worker in workers:  # none when the config lists them (with their KV-event sockets)
             args += ["--worker", f"sglang={worker.url}"]
         return self.start(name, args, port, "/health/ready", env)
+
+    def event_ports(self) -> int:
+        """A free port whose successor is free too (a KV-event PUB socket and its replay socket)."""
+        while True:
+            port = self.port()
+            if port + 1 not in self.ports and free_port_is(port + 1):
+                self.ports.add(port + 1)
+                return port
 
     def sglang_router(self, name: str, workers: Sequence[Proc], binary_python: Path, tokenizer: Path) -> Proc:
         port = self.port()

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from benchmarks.routing.sim_kv import SimKvEvents
 from cachelayer.radix import RadixNode, RadixTree
 
 DEFAULT_CAPACITY_TOKENS = 32_768
@@ -71,6 +72,8 @@ class SimRequest:
     max_new_tokens: int
     output_vocab: Sequence[int]
     seed: bytes = b""
+    salt: str = ""
+    """The tenant's cache salt (its KV events carry it; the simulated cache itself is shared)."""
     reserved: int = 0
     cached_tokens: int = 0
     output: list[int] = field(default_factory=list)
@@ -103,9 +106,10 @@ class SimStats:
 class SimEngine:
     """Continuous-batching scheduler over a radix prefix cache, in simulated time."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, kv_events: SimKvEvents | None = None) -> None:
         self.config = config
-        self.cache: RadixTree[None] = RadixTree()
+        self.kv_events = kv_events
+        self.cache: RadixTree[None] = RadixTree(on_evict=kv_events.evicted if kv_events is not None else None)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = SimStats()
@@ -123,7 +127,9 @@ class SimEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def submit(self, prompt: list[int], max_new_tokens: int, output_vocab: Sequence[int]) -> SimRequest:
+    def submit(
+        self, prompt: list[int], max_new_tokens: int, output_vocab: Sequence[int], salt: str = ""
+    ) -> SimRequest:
         """Queue a request; raises `PromptTooLong` when it could never be scheduled."""
         if not prompt:
             raise PromptTooLong("the prompt is empty")
@@ -137,6 +143,7 @@ class SimEngine:
             max_new_tokens=max(1, max_new_tokens),
             output_vocab=output_vocab,
             seed=_fingerprint(prompt),
+            salt=salt,
         )
         self.waiting.append(request)
         self._wake.set()
@@ -157,6 +164,8 @@ class SimEngine:
         if self.running or self.waiting:
             return False
         self.cache.clear()
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return True
 
     @property
@@ -265,6 +274,8 @@ class SimEngine:
             self.waiting.popleft()
             request.cached_tokens = cached
             self.cache.insert(request.prompt)
+            if self.kv_events is not None:
+                self.kv_events.cached(request.prompt, request.salt)
             request.node = self.cache.match_prefix(request.prompt).node
             self.cache.lock(request.node)
             request.reserved = request.max_new_tokens
@@ -292,6 +303,8 @@ class SimEngine:
             self.cache.unlock(request.node)
             self._reserved -= request.reserved
             self.cache.insert(request.prompt + request.output)
+            if self.kv_events is not None:
+                self.kv_events.cached(request.prompt + request.output, request.salt)
             request.finished = True
             request.updates.put_nowait(True)
         self.running = still

@@ -7,6 +7,10 @@ Endpoints: `POST /generate` (text or `input_ids`; streaming sends cumulative `te
 `GET /v1/models`, `/health`, `/health_generate`, `/server_info` and `/get_server_info`,
 `/get_model_info`, `/metrics` (`sglang:` names), `POST /flush_cache` (400 while busy) and
 `POST /tokenize`. It is a plain ASGI app on uvicorn, so many instances fit on two cores.
+
+`--offer-tokenizer` says how much of its tokenizer the worker lets a router find, as real servers
+differ: `path` (its tokenizer's path in `/server_info`, as SGLang, plus `/tokenize`), `tokenize`
+(`/tokenize` only: the path is on another host) or `none` (neither: an OpenAI-compatible server).
 """
 
 from __future__ import annotations
@@ -20,9 +24,22 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from adapters.schema import ChatCompletionRequest, StreamOptions
+from adapters.schema import ChatCompletionRequest
+from benchmarks.routing.kv_publisher import KvEventPublisher
 from benchmarks.routing.sim_core import PromptTooLong, SimConfig, SimEngine, SimRequest
-from benchmarks.routing.sim_http import Receive, Scope, Send, read_body, send_body, send_json, sse, start_sse
+from benchmarks.routing.sim_http import (
+    CompletionBody,
+    GenerateBody,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_body,
+    send_json,
+    sse,
+    start_sse,
+)
+from benchmarks.routing.sim_kv import SimKvEvents
 from benchmarks.routing.sim_tokens import SimTokens
 from proxy.routing.tokenizing import (
     ByteTokenizer,
@@ -36,31 +53,18 @@ DEFAULT_MAX_NEW_TOKENS = 128
 KEEP_ALIVE_S = 75
 
 
-class GenerateBody(msgspec.Struct, kw_only=True):
-    """SGLang's native `/generate` request (the fields the simulator reads)."""
-
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None
-    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
-    stream: bool = False
-    rid: str | None = None
-
-
-class CompletionBody(msgspec.Struct, kw_only=True):
-    """OpenAI `/v1/completions` (the fields the simulator reads)."""
-
-    prompt: str | list[Any]
-    max_tokens: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-
-
 class SimServer:
     """Routes HTTP requests to one `SimEngine`."""
 
     def __init__(
-        self, engine: SimEngine, tokenizer: HFTokenizer | ByteTokenizer, model: str, chat: ChatRenderer
+        self,
+        engine: SimEngine,
+        tokenizer: HFTokenizer | ByteTokenizer,
+        model: str,
+        chat: ChatRenderer,
+        offer: str = "path",
     ):
+        self.offer = offer
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
@@ -85,10 +89,14 @@ class SimServer:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.engine.kv_events is not None:
+                    self.engine.kv_events.start()
                 self.engine.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.engine.stop()
+                if self.engine.kv_events is not None:
+                    await self.engine.kv_events.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -129,7 +137,7 @@ class SimServer:
                 await send_body(
                     send, 400, b"Cache not flushed. Please check if the server is idle.\n", "text/plain"
                 )
-        elif path == "/tokenize" and method == "POST":
+        elif path == "/tokenize" and method == "POST" and self.offer != "none":
             prompt = msgspec.json.decode(body).get("prompt", "")
             tokens = self.tokenizer.encode_now(prompt)
             await send_json(
@@ -150,6 +158,7 @@ class SimServer:
                 tokens,
                 receive,
                 send,
+                chat.cache_salt if isinstance(chat.cache_salt, str) else None,
             )
         elif path == "/v1/completions" and method == "POST":
             completion = msgspec.json.decode(body, type=CompletionBody)
@@ -167,6 +176,7 @@ class SimServer:
                 tokens,
                 receive,
                 send,
+                completion.cache_salt,
             )
         else:
             await send_json(send, 404, {"detail": "Not Found"})
@@ -174,9 +184,9 @@ class SimServer:
     # ---- generation -------------------------------------------------------------------------
 
     async def _run(
-        self, tokens: list[int], max_new: int, receive: Receive
+        self, tokens: list[int], max_new: int, receive: Receive, salt: str | None = None
     ) -> tuple[SimRequest, asyncio.Task[None]]:
-        request = self.engine.submit(tokens, max_new, self.tokens.output_vocab)
+        request = self.engine.submit(tokens, max_new, self.tokens.output_vocab, salt or "")
         watcher = asyncio.create_task(_abort_on_disconnect(receive, self.engine, request))
         return request, watcher
 
@@ -188,7 +198,7 @@ class SimServer:
             tokens = self.tokenizer.encode_now(text)
         max_new = int(body.sampling_params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
         rid = body.rid or uuid.uuid4().hex
-        request, watcher = await self._run(tokens, max_new, receive)
+        request, watcher = await self._run(tokens, max_new, receive, body.extra_key)
         try:
             if not body.stream:
                 await _wait_finished(request)
@@ -225,8 +235,9 @@ class SimServer:
         tokens: list[int],
         receive: Receive,
         send: Send,
+        salt: str | None = None,
     ) -> None:
-        request, watcher = await self._run(tokens, max_new or DEFAULT_MAX_NEW_TOKENS, receive)
+        request, watcher = await self._run(tokens, max_new or DEFAULT_MAX_NEW_TOKENS, receive, salt)
         prefix = "chatcmpl" if operation == "chat" else "cmpl"
         base = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model}
         try:
@@ -272,7 +283,9 @@ class SimServer:
 
     def _server_info(self) -> dict[str, Any]:
         config = self.engine.config
+        paths = {"tokenizer_path": self.tokenizer.source} if self.offer == "path" else {}
         return {
+            **paths,
             "model_path": self.model,
             "served_model_name": self.model,
             "max_total_num_tokens": config.capacity_tokens,
@@ -331,10 +344,24 @@ async def _abort_on_disconnect(receive: Receive, engine: SimEngine, request: Sim
             return
 
 
-def build_app(config: SimConfig, tokenizer_spec: str | None, model: str) -> SimServer:
-    """The ASGI app of one simulated worker."""
+def build_app(
+    config: SimConfig,
+    tokenizer_spec: str | None,
+    model: str,
+    offer: str = "path",
+    kv_events_port: int | None = None,
+) -> SimServer:
+    """The ASGI app of one simulated worker; with `kv_events_port`, it publishes its cache's KV
+    events there (PUB) and replays them on the next port (ROUTER), as vLLM does."""
     tokenizer = load_tokenizer(tokenizer_spec)
-    return SimServer(SimEngine(config), tokenizer, model, ChatRenderer(load_chat_template(tokenizer_spec)))
+    chat = ChatRenderer(load_chat_template(tokenizer_spec))
+    kv = None
+    if kv_events_port is not None:
+        publisher = KvEventPublisher(
+            f"tcp://127.0.0.1:{kv_events_port}", f"tcp://127.0.0.1:{kv_events_port + 1}"
+        )
+        kv = SimKvEvents(publisher)
+    return SimServer(SimEngine(config, kv), tokenizer, model, chat, offer)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,13 +373,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="sim-model")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or .gguf; default: UTF-8 bytes")
+    parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="path")
+    parser.add_argument(
+        "--kv-events-port", type=int, default=None, help="publish KV events here (replay: the next port)"
+    )
     defaults = SimConfig()
     for name in SimConfig.__dataclass_fields__:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=type(getattr(defaults, name)), default=getattr(defaults, name))
     args = parser.parse_args(argv)
     config = SimConfig(**{name: getattr(args, name) for name in SimConfig.__dataclass_fields__})
-    app = build_app(config, args.tokenizer, args.model)
+    app = build_app(config, args.tokenizer, args.model, args.offer_tokenizer, args.kv_events_port)
     # Keep idle connections longer than any client pool does, so a reused connection is never a closed one.
     uvicorn.run(
         app,

@@ -1,4 +1,5 @@
-"""The few ASGI primitives the simulated engine's HTTP server needs (plain ASGI: cheap per request)."""
+"""The few ASGI primitives the simulated engine's HTTP server needs (plain ASGI: cheap per request),
+and the request bodies it reads."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import msgspec
+
+from adapters.schema import StreamOptions
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,3 +51,24 @@ async def start_sse(send: Send) -> None:
 
 async def sse(send: Send, payload: bytes, *, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": more})
+
+
+class GenerateBody(msgspec.Struct, kw_only=True):
+    """SGLang's native `/generate` request (the fields the simulator reads)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None
+    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
+    stream: bool = False
+    rid: str | None = None
+    extra_key: str | None = None
+
+
+class CompletionBody(msgspec.Struct, kw_only=True):
+    """OpenAI `/v1/completions` (the fields the simulator reads)."""
+
+    prompt: str | list[Any]
+    max_tokens: int | None = None
+    cache_salt: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None

@@ -107,6 +107,35 @@ def generated_shared_prefix(
     return requests
 
 
+def skewed_popularity(
+    seed: int,
+    groups: int = 64,
+    requests: int = 1024,
+    hottest_share: float = 0.25,
+    system_len: int = 2048,
+    question_len: int = 128,
+    output_len: int = 256,
+) -> list[Request]:
+    """Groups sharing a system prompt, with skewed popularity: the hottest group carries
+    `hottest_share` of all requests, the others a Zipf (1/rank) share of the rest; shuffled."""
+    rng = random.Random(seed)
+    systems = [words(rng, system_len) for _ in range(groups)]
+    tail = [1 / rank for rank in range(2, groups + 1)]
+    weights = [hottest_share * sum(tail) / (1 - hottest_share), *tail]
+    picks = rng.choices(range(groups), weights=weights, k=requests)
+    return [
+        Request(
+            messages=[
+                {"role": "system", "content": systems[g]},
+                {"role": "user", "content": words(rng, question_len)},
+            ],
+            max_tokens=output_len,
+            group=g,
+        )
+        for g in picks
+    ]
+
+
 def no_sharing(seed: int, count: int = 256, prompt_len: int = 2176, output_len: int = 256) -> list[Request]:
     """The control: every prompt unique from its first token."""
     rng = random.Random(seed)

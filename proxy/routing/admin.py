@@ -43,6 +43,7 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     requests: int
     failures: int
     tree_tokens: int
+    """Keys in the routing tree (token ids, or UTF-8 bytes: see `units_per_token`)."""
     tree_nodes: int
     tree_memory_bytes: int
     capacity_tokens: int
@@ -52,15 +53,45 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     """The tree's size limit after corrections from engine-reported cached tokens."""
     predicted_cached_tokens: int
     reported_cached_tokens: int
+    predictions: int
+    """Requests whose engine reported `cached_tokens` (the two sums above are over these)."""
+    mean_prediction_error_tokens: float
+    """Mean |predicted - reported| cached tokens per such request (engine tokens)."""
     mispredictions: int
     tokenizers: dict[str, str]
     """Per model the worker serves: "tokenizer.json", "gguf", "engine" or "bytes" (the UTF-8 fallback)."""
+    tokenizer_sources: dict[str, str]
+    """Per model: "config", or where discovery found it (a path, `WORKER/tokenize`, "utf-8")."""
+    units_per_token: float
+    """Tree keys per engine token: 1 for token ids, the learned bytes per token for a byte tree."""
+    bytes_per_token: dict[str, float]
+    """Per byte-routed model, the prompt bytes per engine token learned from reported `prompt_tokens`."""
     engine_load: dict[str, float]
+    kv_events: KvEventsStatus | None = None
+
+
+class KvEventsStatus(msgspec.Struct, kw_only=True):
+    """A worker's KV-event feed as `GET /admin/workers` shows it."""
+
+    endpoint: str
+    live: bool
+    """True while the index routes; False before the first event and after events stopped."""
+    last_seq: int | None
+    blocks: int
+    blocks_by_medium: dict[str, int]
+    block_size: int
+    events: int
+    replayed: int
+    resets: int
+    orphans: int
 
 
 class WorkerList(msgspec.Struct, kw_only=True):
     policy: str
     workers: list[WorkerStatus]
+    panic: dict[str, str] = msgspec.field(default_factory=dict)
+    """Models whose every worker is marked down, with the most recently healthy worker their
+    requests are tried on anyway (panic mode)."""
 
 
 class RemovedWorker(msgspec.Struct, kw_only=True):
@@ -96,9 +127,36 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
         capacity_estimate_tokens=int(worker.capacity_estimate),
         predicted_cached_tokens=worker.predicted_tokens,
         reported_cached_tokens=worker.reported_cached_tokens,
+        predictions=worker.predictions,
+        mean_prediction_error_tokens=round(worker.prediction_error_tokens / worker.predictions, 1)
+        if worker.predictions
+        else 0.0,
         mispredictions=worker.mispredictions,
         tokenizers=pool.prompts.kinds(models),
+        tokenizer_sources=pool.prompts.sources(models),
+        units_per_token=round(worker.units_per_token, 3),
+        bytes_per_token={model: round(ratio, 3) for model, ratio in worker.bytes_per_token.items()},
         engine_load=dict(worker.engine_load),
+        kv_events=_kv_status(worker),
+    )
+
+
+def _kv_status(worker: Worker) -> KvEventsStatus | None:
+    feed = worker.kv_events
+    if feed is None:
+        return None
+    index = feed.index
+    return KvEventsStatus(
+        endpoint=feed.spec.endpoint,
+        live=feed.live(),
+        last_seq=feed.last_seq,
+        blocks=index.blocks,
+        blocks_by_medium=index.blocks_by_medium(),
+        block_size=index.block_size,
+        events=index.events,
+        replayed=feed.replayed,
+        resets=feed.resets,
+        orphans=index.orphans,
     )
 
 
@@ -113,6 +171,23 @@ def allowed_hosts(pool: WorkerPool, configured: Sequence[str] | None) -> frozens
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def _event_hosts(spec: WorkerSpec) -> frozenset[str]:
+    """Hosts a worker's KV-event sockets connect to; an `ipc://` path counts as no permitted host
+    (a run-time worker may not open local socket files)."""
+    events = spec.kv_events
+    if events is None:
+        return frozenset()
+    hosts = set()
+    for endpoint in (events.endpoint, events.replay_endpoint):
+        if endpoint is None:
+            continue
+        if not endpoint.startswith("tcp://"):
+            hosts.add("ipc://")
+            continue
+        hosts.add(endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]").lower())
+    return frozenset(hosts)
+
+
 def admin_router(
     pool: WorkerPool, *, guards: Sequence[Guard] = (), worker_hosts: frozenset[str] | None = None
 ) -> Router:
@@ -122,7 +197,11 @@ def admin_router(
 
     @get("/workers", sync_to_thread=False)
     def list_workers() -> WorkerList:
-        return WorkerList(policy=pool.policy.name, workers=[worker_status(pool, w) for w in pool.workers()])
+        return WorkerList(
+            policy=pool.policy.name,
+            workers=[worker_status(pool, w) for w in pool.workers()],
+            panic=pool.panicking(),
+        )
 
     @post("/workers", status_code=201)
     async def add_worker(data: JSONBody[WorkerSpec]) -> WorkerStatus:
@@ -140,12 +219,14 @@ def admin_router(
             _ = parts.port  # raises for a port that is not a number (the url pattern admits none)
         except ValueError as exc:
             raise ApiError(400, f"Invalid worker url: {exc}", param="url", code="invalid_worker") from None
-        if host not in permitted:
+        event_hosts = _event_hosts(data)
+        if host not in permitted or not event_hosts <= permitted:
             raise ApiError(
                 403,
-                f"Workers may point only at {', '.join(sorted(permitted))} (`routing.allowed_worker_hosts`).",
+                f"Workers (and their KV-event sockets) may point only at {', '.join(sorted(permitted))} "
+                "(`routing.allowed_worker_hosts`).",
                 error_type="permission_error",
-                param="url",
+                param="url" if host not in permitted else "kv_events",
                 code="worker_host_not_allowed",
             )
         try:

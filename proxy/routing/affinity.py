@@ -2,9 +2,8 @@
 
 A front door that knows where a conversation's KV lives (`/v1/responses` with `previous_response_id`)
 names that worker in `EngineRequest.route.prefer_worker`. The pool keeps the request there unless
-that worker is unavailable or out of balance by the same guards the cache_aware policy applies to
-every candidate (`imbalance_abs_tokens` and `imbalance_rel` on queued work, `balance_abs_requests`
-and `balance_rel` on in-flight requests); then the policy chooses as usual. Unlike the routing tree's
+that worker is unavailable or at the load bound the cache_aware policy applies to every candidate
+(`cache_aware.within_bound`, `load_epsilon`); then the policy chooses as usual. Unlike the routing tree's
 prediction, the hint holds however long the history, whatever was evicted from the tree, and under
 any policy. A hint marked `required` (a conversation whose state the worker itself stores, for a
 worker that serves `/v1/responses` natively) admits that worker only.
@@ -15,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from adapters.base import EngineRequest
+from proxy.routing.cache_aware import within_bound
 from proxy.routing.config import CacheAwareSettings
 from proxy.routing.worker import Worker
 
@@ -32,13 +32,4 @@ def preferred_worker(
     worker = next((w for w in candidates if w.id == route.prefer_worker), None)
     if worker is None or route.required:
         return worker
-    min_work = min(w.queued_work for w in candidates)
-    if worker.queued_work - min_work > settings.imbalance_abs_tokens and (
-        worker.queued_work > settings.imbalance_rel * min_work
-    ):
-        return None
-    busy = worker.in_flight / worker.weight
-    min_busy = min(w.in_flight / w.weight for w in candidates)
-    if busy - min_busy > settings.balance_abs_requests and busy > settings.balance_rel * min_busy:
-        return None
-    return worker
+    return worker if worker in within_bound(candidates, settings.load_epsilon) else None

@@ -1,42 +1,42 @@
-"""The default policy: send a request where its prefix KV lives, unless that worker is too busy.
+"""The default policy: send a request where its prefix KV lives, within a bound on every worker's load.
 
-For a prompt of L tokens and each available worker w, with m_w the prefix its tree predicts cached
-and Q_w its queued work (below), the cost is
+All lengths are in the engine's tokens (a byte tree's keys are divided by the learned bytes per
+token: `RoutingContext.units_per_token`). For a prompt of L tokens and each worker w, with m_w the
+prefix it holds (from its engine's KV events when it has a live feed, or the approximate tree's
+prediction when that is longer: the tree already holds what was just sent there and is not stored
+yet) and Q_w its queued work:
 
     cost_w = (prefill_weight * (L - m_w) + Q_w) / weight_w
 
-    Q_w = sum over w's in-flight requests r of (uncached_r * [dispatched < prefill_hold_s ago]
-                                                + decode_weight * expected_output_r)
+    Q_w = sum over w's in-flight requests r of (decode_weight * expected_output_r
+                                                + uncached_r * [dispatched < prefill_hold_s ago])
 
-Both terms are in tokens of work: L - m_w is the prefill this request would add on w, Q_w what
-already waits there. So a long match wins only while the work it saves exceeds the extra queue it
-joins, which is what keeps multi-turn chats that all share one system prompt from piling onto the
-first worker that cached it: once every worker holds the system prompt, the matches differ only by
-each conversation's own history and the queues decide (like NVIDIA Dynamo's KV router, unlike a
-match-ratio threshold). Guards, after SGLang's router:
+(`prefill_hold_s` is 0 by default: queued work is decode only, and the load bound below keeps a
+burst of misses apart.)
+
+Both terms are tokens of work: L - m_w is the prefill this request would add on w, Q_w what already
+waits there. So a long match wins only while the work it saves exceeds the extra queue it joins
+(like NVIDIA Dynamo's KV router), which keeps chats that share one system prompt from piling onto
+the first worker that cached it.
+
+The cost is taken only over the workers within the load bound (consistent hashing with bounded
+loads, Mirrokni et al. 2018): with N requests in flight over workers of total weight W, worker w
+may take one more while
+
+    in_flight_w < ceil((1 + load_epsilon) * (N + 1) * weight_w / W)
+
+so no worker exceeds (1 + ε) times the mean load while another has room. That is also what spreads
+a hot prefix: once the worker holding it is at its bound, the next request for it goes to the
+cheapest worker with room, whose tree then holds the prefix too, and the prefix's later requests
+weigh both (then a third...). Prefixes whose demand fits one worker keep their affinity. The one
+formula has no per-workload constant: ε is a fairness bound, prefill_weight and decode_weight are
+ratios of work.
 
 - if the best match ratio max_w(m_w) / L is below `match_threshold`, nothing worth keeping is cached
-  anywhere: take the least-loaded worker (and its tree grows there);
-- a worker whose Q_w exceeds the least-loaded one's by more than `imbalance_abs_tokens` *and* by the
-  factor `imbalance_rel` is not a candidate, however good its match;
-- nor is one whose in-flight requests (per unit of weight) exceed the least busy one's by more than
-  `balance_abs_requests` *and* by the factor `balance_rel`. Queued work alone never fills an idle
-  worker: decode weighs little, so a miss there (2 x the prompt) always looks dearer than joining a
-  busy worker's batch, and with requests arriving one by one a worker could stay idle for good.
-
-The cost is throughput (work done anywhere); a TTFT guard can keep the first token fast. Each worker
-keeps a prefill queue in time: every dispatched request adds its uncached tokens at
-`prefill_tokens_per_s` (times the worker's weight) behind the ones before it, so with D_w the seconds
-until w's queued prefill is done, this request's first token on w comes after about
-
-    wait_w = D_w + (L - m_w) / (weight_w * prefill_tokens_per_s)    seconds
-
-(engines run prefill before decode), and only workers with wait_w <= min_v wait_v + `ttft_slack_s`
-are candidates. A conversation then stays with the worker holding its history unless other
-requests' prefills just piled up there and another worker could recompute the whole history sooner;
-a burst of new requests for a prefix one worker is still computing spreads once waiting for it costs
-more than the slack (a match whose prefill is still queued waits for it in D_w, so it never looks free).
-The guard is off by default (`ttft_slack_s = inf`): see `CacheAwareSettings.ttft_slack_s`.
+  anywhere: the least-loaded worker within the bound takes it (and its tree grows there).
+- an optional TTFT guard (`ttft_slack_s`, off by default) keeps only the workers whose expected wait
+  for this request's first token, `wait_w = D_w + (L - m_w) / (weight_w * prefill_tokens_per_s)`
+  with D_w the prefill already queued there, is within the slack of the fastest's.
 
 Ties go to fewer in-flight requests, then rotate, so an idle cluster fills evenly.
 """
@@ -51,8 +51,16 @@ from proxy.routing.policies import Decision, RoutingContext, least_loaded
 from proxy.routing.worker import Worker
 
 
+def within_bound(candidates: Sequence[Worker], epsilon: float) -> list[Worker]:
+    """The candidates that may take one more request under the bounded-load rule (never empty)."""
+    total_weight = sum(w.weight for w in candidates)
+    share = (1 + epsilon) * (sum(w.in_flight for w in candidates) + 1) / total_weight
+    room = [w for w in candidates if w.in_flight < math.ceil(share * w.weight - 1e-9)]
+    return room or list(candidates)
+
+
 class CacheAware:
-    """Longest predicted prefix match weighed against queued work."""
+    """Longest predicted prefix match weighed against queued work, within a load bound."""
 
     name = "cache_aware"
     needs_tokens = True
@@ -68,26 +76,26 @@ class CacheAware:
         if length == 0:
             return Decision(worker=least_loaded(candidates, self._rotation), reason="least_load")
         settings = self.settings
-        min_work = min(w.queued_work for w in candidates)
-        min_busy = min(w.in_flight / w.weight for w in candidates)
-        pool = [
-            w
-            for w in candidates
-            if not (
-                w.queued_work - min_work > settings.imbalance_abs_tokens
-                and w.queued_work > settings.imbalance_rel * min_work
-            )
-            and not (
-                w.in_flight / w.weight - min_busy > settings.balance_abs_requests
-                and w.in_flight / w.weight > settings.balance_rel * min_busy
-            )
-        ]
-        matches = {w.id: w.match(tokens) for w in pool}
-        best = max(matches.values())
-        if best / length < settings.match_threshold:
+        pool = within_bound(candidates, settings.load_epsilon)
+        bounded = len(pool) < len(candidates)
+        # Each worker's cached fraction of the prompt: from its KV events when live, else its tree.
+        keys = context.block_keys
+        exact = {w.id: w.exact_match(context.engine_tokens, context.salt, keys) for w in candidates}
+        events_length = max(1, len(context.engine_tokens or ()))
+        ratios = {}
+        for w in candidates:
+            held, predicted = exact[w.id], w.match(tokens) / length
+            # Events say what the engine stores; the tree also holds what was just sent there and is
+            # not stored yet (a burst for a new prefix arrives before its first prefill is done).
+            ratios[w.id] = predicted if held is None else max(held / events_length, predicted)
+        # Lengths and matches in the engine's tokens (a byte tree's keys divided by bytes per token).
+        lengths = {w.id: length / context.units_per_token.get(w.id, 1.0) for w in candidates}
+        matches = {w.id: ratios[w.id] * lengths[w.id] for w in candidates}
+        if max(ratios[w.id] for w in pool) < settings.match_threshold:
             worker = least_loaded(pool, self._rotation)
-            reason = "imbalance" if len(pool) < len(candidates) else "least_load"
-            return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
+            # The prefix is cached, but only on workers at their bound: this one warms it.
+            held = max(ratios.values()) >= settings.match_threshold
+            return _decision(worker, "bounded_load" if held else "least_load", matches, exact)
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
         fast = order
@@ -95,16 +103,31 @@ class CacheAware:
             # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
             waits = {
                 w.id: w.prefill_wait(context.now)
-                + (length - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
+                + (lengths[w.id] - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
                 for w in order
             }
             cutoff = min(waits.values()) + settings.ttft_slack_s
             fast = [w for w in order if waits[w.id] <= cutoff]
 
         def cost(w: Worker) -> tuple[float, float]:
-            work = (settings.prefill_weight * (length - matches[w.id]) + w.queued_work) / w.weight
+            work = (settings.prefill_weight * (lengths[w.id] - matches[w.id]) + w.queued_work) / w.weight
             return work, w.in_flight / w.weight
 
         worker = min(fast, key=cost)
-        reason = "best_cost" if len(fast) == count or cost(worker) <= min(map(cost, order)) else "ttft"
-        return Decision(worker=worker, match_tokens=matches[worker.id], reason=reason, matches=matches)
+        if len(fast) < count and cost(worker) > min(map(cost, order)):
+            reason = "ttft"
+        elif bounded and ratios[worker.id] < max(ratios.values()):
+            reason = "bounded_load"  # the best match was at its bound: this worker warms the prefix
+        else:
+            reason = "best_cost"
+        return _decision(worker, reason, matches, exact)
+
+
+def _decision(
+    worker: Worker, reason: str, matches: dict[str, float], exact: dict[str, int | None]
+) -> Decision:
+    rounded = {worker_id: round(tokens) for worker_id, tokens in matches.items()}
+    source = "tree" if exact.get(worker.id) is None else "events"
+    return Decision(
+        worker=worker, match_tokens=rounded[worker.id], reason=reason, matches=rounded, source=source
+    )

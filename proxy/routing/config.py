@@ -37,13 +37,10 @@ DEFAULT_EXPECTED_OUTPUT_TOKENS = 256
 DEFAULT_MATCH_THRESHOLD = 0.1
 DEFAULT_PREFILL_WEIGHT = 2.0
 DEFAULT_DECODE_WEIGHT = 0.25
-DEFAULT_PREFILL_HOLD_S = 1.0
+DEFAULT_PREFILL_HOLD_S = 0.0
 DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 DEFAULT_TTFT_SLACK_S = math.inf
-DEFAULT_IMBALANCE_ABS_TOKENS = 65_536
-DEFAULT_IMBALANCE_REL = 2.0
-DEFAULT_BALANCE_ABS_REQUESTS = 12
-DEFAULT_BALANCE_REL = 16.0
+DEFAULT_LOAD_EPSILON = 0.25
 DEFAULT_TREE_TTL_S = 600.0
 DEFAULT_EVICT_HEADROOM = 0.1
 
@@ -76,6 +73,27 @@ API_KEY_PATTERN = r"^[\x21-\x7e]+$"
 """What an HTTP header can carry as a bearer token."""
 
 
+DEFAULT_KV_EVENTS_STALE_S = 5.0
+ZMQ_ENDPOINT_PATTERN = r"^(tcp://[A-Za-z0-9._~*\[\]:-]+:[0-9]{1,5}|ipc://[\x21-\x7e]+)$"
+"""A ZMQ endpoint: `tcp://HOST:PORT` or `ipc://PATH` (printable ASCII)."""
+
+
+class KvEventsSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Where a worker's engine publishes its KV-cache events (vLLM `--kv-events-config`, SGLang
+    `--kv-events-config`): routing then follows the blocks the engine really holds."""
+
+    endpoint: Annotated[str, msgspec.Meta(pattern=ZMQ_ENDPOINT_PATTERN)]
+    """The engine's ZMQ PUB socket, connected to (`tcp://10.0.0.5:5557`)."""
+    replay_endpoint: Annotated[str, msgspec.Meta(pattern=ZMQ_ENDPOINT_PATTERN)] | None = None
+    """Its ROUTER socket that replays missed batches (`tcp://10.0.0.5:5558`); None: a gap resets
+    the index instead."""
+    topic: str = ""
+    """The topic the engine publishes under ("" for vLLM's default)."""
+    stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_KV_EVENTS_STALE_S
+    """A request dispatched this long ago with no event since means the events stopped: the
+    worker's approximate tree routes until they resume."""
+
+
 class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One engine worker behind the gateway."""
 
@@ -100,6 +118,8 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     """The worker serves `POST /v1/responses` itself, so Responses requests are passed through to it
     (when every worker of the model does); None asks the worker once, at start; the embedded engine
     never does (docs/responses.md)."""
+    kv_events: KvEventsSpec | None = None
+    """The engine's KV-event sockets, for exact prefix routing; None: the approximate tree only."""
 
     def __post_init__(self) -> None:
         if self.kind != "local" and not self.url.startswith(("http://", "https://")):
@@ -117,9 +137,12 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     decode_weight: float = DEFAULT_DECODE_WEIGHT
     """Queued work of one expected output token, relative to one prefill token. Small, because decode
     work is done somewhere whatever the choice: it only measures imbalance."""
-    prefill_hold_s: float = DEFAULT_PREFILL_HOLD_S
-    """Seconds a dispatched request's uncached prompt counts as queued work (about the time a prompt
-    waits for and spends in prefill); its expected output counts until the request ends."""
+    prefill_hold_s: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_PREFILL_HOLD_S
+    """Seconds a dispatched request's uncached prompt counts as queued work; its expected output
+    counts until the request ends. 0 (default): queued work is decode only, and the load bound keeps
+    a burst of misses apart. A time in seconds is the engine's speed, not a property of routing: at
+    1 s, a fast engine's long-done prefills kept making workers look busy and moved prefixes off the
+    workers holding them (`benchmarks/routing`)."""
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     """Prefill speed of a weight-1 worker, for the TTFT guard's prefill queues. 20,000: an 8B model on
     one H100-class GPU (the simulated workers of `benchmarks/routing` at time scale 1)."""
@@ -130,20 +153,12 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     first-token delay. Off (`inf`) by default: on generated-shared-prefix at full cache, 0.1 s cost
     5 points of hit rate (the cold start's prefill queues move groups onto workers that then evict
     others); for latency-first chat with cache to spare, try 0.1."""
-    imbalance_abs_tokens: int = DEFAULT_IMBALANCE_ABS_TOKENS
-    """A worker whose queued work exceeds the least-loaded one's by more than this ..."""
-    imbalance_rel: float = DEFAULT_IMBALANCE_REL
-    """... and by more than this factor is not considered, whatever its match."""
-    balance_abs_requests: int = DEFAULT_BALANCE_ABS_REQUESTS
-    """A worker with more than this many in-flight requests above the least busy one ...  (per unit
-    of weight)"""
-    balance_rel: float = DEFAULT_BALANCE_REL
-    """... and more than this factor of its in-flight requests is not considered, whatever its match
-    (SGLang's router does the same on request counts). Queued work alone cannot see an idle worker:
-    when every request's decode weighs little, a 2k-token miss there always costs more than joining
-    a busy worker's batch, and half the cluster can stay idle for good. 16: the guard is for (nearly)
-    idle workers; lower factors move a shared prefix's requests off busy workers and lose its cache
-    hits (`benchmarks/routing`)."""
+    load_epsilon: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_LOAD_EPSILON
+    """Bounded-load affinity: a worker takes a request only while its in-flight requests (per unit
+    of weight) stay within (1 + load_epsilon) of the mean, counting this request; so no worker
+    exceeds that while another has room, and a prefix hotter than one worker can serve spreads to
+    a second worker, then a third, which warm it. 0.25: at most 25% above the mean (the paper's
+    recommended c = 1.25); lower balances tighter and moves more prefixes."""
     tree_ttl_s: float = DEFAULT_TREE_TTL_S
     """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
     expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS

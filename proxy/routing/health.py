@@ -5,6 +5,7 @@ Each round checks all workers concurrently (`Engine.check_health`, bounded by `t
 dropped (a restarted engine has an empty cache). `success_threshold` consecutive successes bring
 it back: the circuit closes. Engines that report their KV capacity (SGLang `max_total_num_tokens`)
 size the worker's tree the first time they are seen up; engines with `/metrics` refresh their load.
+A worker seen up is also asked for its models' tokenizer (`on_up`, `proxy.routing.discovery`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from adapters.engine_metrics import ListsModels, ReportsCapacity, ReportsLoad
@@ -38,6 +40,8 @@ class HealthMonitor:
     """Seconds one check may take before it counts as failed."""
     workers: Callable[[], Iterable[Worker]]
     on_change: Callable[[Worker], None] = lambda worker: None
+    on_up: Callable[[Worker], Awaitable[None]] | None = None
+    """Awaited each time a worker comes up, once its models are known (tokenizer discovery)."""
     tree_ttl_s: float | None = None
     _streaks: dict[str, _Streak] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
@@ -63,6 +67,7 @@ class HealthMonitor:
         ok = await self._probe(worker)
         streak = self._streaks.setdefault(worker.id, _Streak())
         if ok:
+            worker.last_healthy = time.monotonic()
             streak.successes, streak.failures = streak.successes + 1, 0
             if worker.health != "up" and (
                 worker.health == "unknown" or streak.successes >= self.settings.health_success_threshold
@@ -134,6 +139,8 @@ class HealthMonitor:
             if capacity:
                 worker.set_capacity(capacity, "engine")
         self.on_change(worker)
+        if self.on_up is not None:
+            await self.on_up(worker)
 
     def _went_down(self, worker: Worker) -> None:
         worker.health = "down"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import Span, SpanKind, Tracer
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -19,6 +19,8 @@ from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
 
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 """Seconds; a decision should take well under a millisecond, tokenizing excluded."""
+ERROR_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+"""Tokens of absolute prediction error: within a page, a message, a system prompt, a long history."""
 
 
 class _WorkerGauges:
@@ -62,6 +64,7 @@ class _WorkerGauges:
                 family.add_metric([worker.id], float(read(worker)))  # type: ignore[no-untyped-call]
             yield family
         yield _healthy_per_model(workers)
+        yield _panic_per_model(workers)
 
 
 ANY_MODEL = "*"
@@ -82,6 +85,26 @@ def _healthy_per_model(workers: list[Worker]) -> Metric:
     )
     for model, count in sorted(healthy.items()):
         family.add_metric([model], float(count))
+    return family
+
+
+def _panic_per_model(workers: list[Worker]) -> Metric:
+    """1 for a model whose every worker is marked down: its requests go to the most recently healthy
+    one anyway (panic mode) instead of a 503."""
+    down: dict[str, bool] = {}
+    for worker in workers:
+        if worker.draining:
+            continue
+        for model in worker.models or [ANY_MODEL]:
+            down[model] = down.get(model, True) and worker.health == "down"
+    family = GaugeMetricFamily(
+        METRIC_PREFIX + semconv.ROUTING_MODEL_PANIC_METRIC,
+        "1 while every worker of the model is marked down and requests are tried on the most "
+        "recently healthy one (panic mode).",
+        labels=["model"],
+    )
+    for model, panic in sorted(down.items()):
+        family.add_metric([model], float(panic))
     return family
 
 
@@ -126,8 +149,8 @@ class RoutingObserver:
         prompt_tokens: int,
         tokenizer: str,
         seconds: float,
-    ) -> None:
-        """Record one decision: counters, a histogram and an INTERNAL span."""
+    ) -> Span | None:
+        """Record one decision: counters, a histogram, and an INTERNAL span that `settled` ends."""
         worker_id = decision.worker.id
         if self.registry is not None:
             key = (policy, worker_id, decision.reason)
@@ -139,7 +162,7 @@ class RoutingObserver:
             series.match_tokens.inc(decision.match_tokens)
             series.seconds.observe(seconds)
         if not self._spans:
-            return
+            return None
         span = self.tracer.start_span(semconv.ROUTING_SPAN_NAME, kind=SpanKind.INTERNAL)
         if span.is_recording():
             span.set_attributes(
@@ -153,8 +176,42 @@ class RoutingObserver:
                     semconv.ROUTING_EXCLUDED: excluded,
                     semconv.ROUTING_WORKER_LOADS: ",".join(f"{w.id}={w.queued_work:.0f}" for w in candidates),
                     semconv.ROUTING_TOKENIZER: tokenizer,
+                    semconv.ROUTING_MATCH_SOURCE: decision.source,
                 }
             )
+        return span
+
+    def settled(
+        self, span: Span | None, worker_id: str, predicted: int | None, cached: int | None, *, failed: bool
+    ) -> None:
+        """Record one attempt's outcome: the engine's cached tokens against the prediction (in the
+        engine's tokens), on the decision's span and in the prediction-error series."""
+        if predicted is not None and cached is not None and self.registry is not None:
+            self.registry.histogram(
+                semconv.ROUTING_PREDICTION_ERROR_METRIC,
+                "Absolute error of the routing tree's predicted cached prompt tokens against the "
+                "engine's reported cached_tokens, per request.",
+                ["worker"],
+                buckets=ERROR_BUCKETS,
+            ).labels(worker_id).observe(abs(predicted - cached))
+            self.registry.counter(
+                semconv.ROUTING_PREDICTED_CACHED_METRIC,
+                "Prompt tokens the routing tree predicted cached (requests whose engine reported its own).",
+                ["worker"],
+            ).labels(worker_id).inc(predicted)
+            self.registry.counter(
+                semconv.ROUTING_REPORTED_CACHED_METRIC,
+                "Prompt tokens the engine reported cached (usage cached_tokens).",
+                ["worker"],
+            ).labels(worker_id).inc(cached)
+        if span is None:
+            return
+        if span.is_recording():
+            span.set_attribute(semconv.ROUTING_OUTCOME, "failed" if failed else "ok")
+            if cached is not None:
+                span.set_attribute(semconv.ROUTING_CACHED_TOKENS, cached)
+            if predicted is not None and cached is not None:
+                span.set_attribute(semconv.ROUTING_PREDICTION_ERROR, predicted - cached)
         span.end()
 
     @staticmethod
@@ -189,6 +246,15 @@ class RoutingObserver:
             self.registry.counter(
                 semconv.ROUTING_FAILURES_METRIC, "Failed attempts per worker.", ["worker"]
             ).labels(worker_id).inc()
+
+    def panicked(self, model: str, worker_id: str) -> None:
+        """Count a request sent, in panic mode, to a worker marked down."""
+        if self.registry is not None:
+            self.registry.counter(
+                semconv.ROUTING_PANIC_METRIC,
+                "Requests tried on a worker marked down because every worker of the model was (panic mode).",
+                ["model", "worker"],
+            ).labels(model, worker_id).inc()
 
     def no_worker(self, model: str) -> None:
         """Count a request for which no worker was available."""

@@ -38,6 +38,16 @@ class RoutingContext:
     """The `user` field, for the session policy."""
     now: float = 0.0
     """The pool's clock at the decision (for the cache_aware TTFT guard's prefill queues)."""
+    engine_tokens: array[int] | None = None
+    """The prompt's token ids without the salt pseudo-token, when they are the engine's own (an
+    exact tokenizer): what KV-event indexes match. None for a byte-routed prompt."""
+    salt: str = ""
+    """The tenant's cache salt (the first block's extra key in KV-event indexes)."""
+    block_keys: dict[int, list[bytes]] = field(default_factory=dict)
+    """`kv_index.chain_keys` of `engine_tokens` per block size, computed once for all workers."""
+    units_per_token: dict[str, float] = field(default_factory=dict)
+    """Per worker id, `tokens` keys per engine token (bytes per token for a byte-routed model);
+    a missing worker's is 1. Dividing by it puts lengths and matches in the engine's tokens."""
 
 
 @dataclass(slots=True)
@@ -46,9 +56,11 @@ class Decision:
 
     worker: Worker
     match_tokens: int = 0
-    """Prompt tokens the chosen worker's tree predicted as cached."""
+    """Prompt tokens (the engine's) the chosen worker's tree predicted as cached."""
     reason: str = ""
-    """Why this worker: "best_cost", "least_load", "imbalance", "hash", "turn", ..."""
+    """Why this worker: "best_cost", "least_load", "bounded_load", "hash", "turn", ..."""
+    source: str = "tree"
+    """Where the chosen worker's match came from: "tree" (approximate) or "events" (KV events)."""
     matches: dict[str, int] = field(default_factory=dict)
 
 

@@ -2,8 +2,8 @@
 
 `acquire` tokenizes the request (only for policies that read tokens), lets the policy choose among
 the available workers, inserts the prompt into the chosen worker's tree, charges its queued work and
-returns a `PoolLease`. `PoolLease.release` uncharges it, feeds the breaker and corrects the tree
-with the engine-reported `cached_tokens`. Workers are added and removed at run time; a removed
+returns a `PoolLease` (`proxy.routing.lease`). When every worker of a model is marked down, the most
+recently healthy one is tried anyway (panic mode). Workers are added and removed at run time; a removed
 worker drains: it takes no new request and is closed when its last lease is released.
 """
 
@@ -22,76 +22,22 @@ from opentelemetry.trace import Tracer
 from adapters.base import Engine, EngineRequest
 from adapters.engine_metrics import FlushesCache, LoadsInProcess, ServesResponses
 from adapters.errors import EngineOverloaded
-from adapters.schema import Usage
 from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
 from proxy.routing.affinity import AFFINITY_REASON, preferred_worker
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
+from proxy.routing.kv_events import stop as stop_feed
+from proxy.routing.lease import PoolLease, RoutedPrompt
 from proxy.routing.observe import RoutingObserver
 from proxy.routing.policies import Decision, LeastLoad, RoutingContext
 from proxy.routing.prompts import PromptTokens
 from proxy.routing.registry import build_policy, worker_id_of
-from proxy.routing.worker import InFlight, Worker
+from proxy.routing.worker import DEFAULT_BYTES_PER_TOKEN, Worker
 from proxy.telemetry.prometheus import MetricsRegistry
 
 logger = logging.getLogger("radixgate.routing")
 
 EngineFactory = Callable[[WorkerSpec], Engine]
-BYTES_PER_TOKEN = 4
-"""Prompt size estimate for policies that do not tokenize (only their load accounting uses it)."""
-
-
-class PoolLease:
-    """One attempt's hold on one worker (`proxy.router.WorkerLease`)."""
-
-    __slots__ = (
-        "_charge",
-        "_pool",
-        "_predicted",
-        "_prompt_tokens",
-        "_released",
-        "_worker",
-        "engine",
-        "worker_id",
-    )
-
-    def __init__(
-        self, pool: WorkerPool, worker: Worker, charge: InFlight, prompt_tokens: int, predicted: int
-    ):
-        self._pool = pool
-        self._worker = worker
-        self._charge = charge
-        self._prompt_tokens = prompt_tokens
-        self._predicted = predicted
-        self._released = False
-        self.worker_id = worker.id
-        self.engine = worker.engine
-
-    def release(self, *, usage: Usage | None, failed: bool) -> None:
-        """End the attempt (idempotent)."""
-        if self._released:
-            return
-        self._released = True
-        worker = self._worker
-        worker.settle(self._charge, failed=failed)
-        if failed:
-            self._pool.observer.failed(worker.id)
-        elif (
-            usage is not None
-            and usage.cached_tokens is not None
-            and usage.prompt_tokens
-            and self._prompt_tokens
-        ):
-            # Compare as fractions: the router's tokens (maybe UTF-8 bytes) need not be the engine's.
-            predicted = self._predicted / self._prompt_tokens
-            reported = usage.cached_tokens / usage.prompt_tokens
-            worker.correct(
-                usage.prompt_tokens,
-                round(predicted * usage.prompt_tokens),
-                round(reported * usage.prompt_tokens),
-            )
-        if worker.draining and worker.in_flight == 0:
-            self._pool.finish_drain(worker)
 
 
 @dataclass(slots=True)
@@ -125,6 +71,7 @@ class WorkerPool:
         self._drain_deadlines: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._trims: set[str] = set()  # workers whose tree trim is scheduled
+        self._feeds: dict[str, asyncio.Task[None]] = {}  # KV-event subscriptions by worker id
         self.policy = build_policy(settings.policy, settings.cache_aware)
         self._least_load = LeastLoad()
         self.prompts = PromptTokens(settings.tokenizers, settings.cache_aware.expected_output_tokens)
@@ -134,6 +81,7 @@ class WorkerPool:
             health_timeout_s,
             lambda: self._workers.values(),
             on_change=self._learn_models,
+            on_up=lambda worker: self.prompts.discover(worker, health_timeout_s),
             tree_ttl_s=settings.cache_aware.tree_ttl_s,
         )
         for spec in workers:
@@ -160,8 +108,11 @@ class WorkerPool:
         if route is not None and route.required:  # the conversation's state lives on that worker
             candidates = [w for w in candidates if w.id == route.prefer_worker]
         if not candidates:
-            self.observer.no_worker(model)
-            raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
+            last = self._last_resort(serving, exclude)
+            if last is None:
+                self.observer.no_worker(model)
+                raise EngineOverloaded(f"No healthy worker is available for model `{model}`.")
+            return self._panic_lease(model, last, request)
         tokens: array[int] = array("I")
         tokenizer_kind = "none"
         # A model only one worker serves leaves nothing to choose: no tokens, no tree (tokenizing and
@@ -175,33 +126,89 @@ class WorkerPool:
         for worker in candidates:
             worker.expire_prefills(now)
         expected = 0 if embeddings else self.prompts.expected_output(request)
+        scales = {w.id: w.scale_for(model, tokenizer_kind) for w in candidates} if tokens else {}
         if len(serving) == 1:  # one worker serves the model: nothing to weigh
             decision = Decision(worker=candidates[0], reason="only")
         else:
+            exact = tokens and tokenizer_kind != "bytes"
             context = RoutingContext(
-                tokens=tokens, expected_output=expected, session_key=request.params.user, now=now
+                tokens=tokens,
+                expected_output=expected,
+                session_key=request.params.user,
+                now=now,
+                engine_tokens=(tokens[1:] if request.cache_salt else tokens) if exact else None,
+                salt=request.cache_salt,
+                units_per_token=scales,
             )
             kept = preferred_worker(request, candidates, self.settings.cache_aware)
             if kept is not None:
-                decision = Decision(worker=kept, match_tokens=kept.match(tokens), reason=AFFINITY_REASON)
+                match = round(kept.match(tokens) / scales[kept.id]) if tokens else 0
+                decision = Decision(worker=kept, match_tokens=match, reason=AFFINITY_REASON)
             else:
                 decision = policy.choose(candidates, context)
         worker = decision.worker
+        routed = None
         if tokens:
-            uncached = len(tokens) - decision.match_tokens
+            prompt_tokens = len(tokens) / scales[worker.id]
+            uncached = max(0.0, prompt_tokens - decision.match_tokens)
+            routed = RoutedPrompt(model, tokenizer_kind, len(tokens) - bool(request.cache_salt))
             if worker.remember(tokens) and worker.id not in self._trims:
                 self._trims.add(worker.id)
                 asyncio.get_running_loop().call_soon(self._trim, worker)
         else:
-            uncached = len(request.raw_body) // BYTES_PER_TOKEN
+            prompt_tokens = 0.0
+            uncached = len(request.raw_body) / DEFAULT_BYTES_PER_TOKEN
         settings = self.settings.cache_aware
         charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
         worker.queue_prefill(uncached, settings.prefill_tokens_per_s, now)
+        if worker.kv_events is not None:
+            worker.kv_events.dispatched()
         seconds = time.perf_counter() - started
-        self.observer.decided(
-            policy.name, decision, candidates, len(exclude), len(tokens), tokenizer_kind, seconds
+        prompt = round(prompt_tokens)
+        span = self.observer.decided(
+            policy.name, decision, candidates, len(exclude), prompt, tokenizer_kind, seconds
         )
-        return PoolLease(self, worker, charge, len(tokens), decision.match_tokens)
+        return PoolLease(self, worker, charge, prompt_tokens, decision.match_tokens, routed, span=span)
+
+    def _last_resort(self, serving: Sequence[Worker], exclude: frozenset[str]) -> Worker | None:
+        """When every worker of a model is marked down, the most recently healthy one that this
+        request has not failed on yet (a worker never seen up counts as longest ago); None when
+        the model has a worker that is not down (it is busy or its circuit is open: no panic)."""
+        if any(w.health != "down" and not w.draining for w in serving):
+            return None
+        spare = [w for w in serving if w.id not in exclude and not w.draining]
+        return max(spare, key=lambda w: w.last_healthy, default=None)
+
+    def _panic_lease(self, model: str, worker: Worker, request: EngineRequest) -> PoolLease:
+        """A lease on a worker marked down, tried rather than answering 503 at once: health checks
+        can lag an upstream that has just come (back) up. No tree upkeep: its cache is unknown."""
+        settings = self.settings.cache_aware
+        expected = self.prompts.expected_output(request)
+        uncached = len(request.raw_body) / DEFAULT_BYTES_PER_TOKEN
+        now = self._clock()
+        charge = worker.charge(uncached, settings.decode_weight * expected, settings.prefill_hold_s, now)
+        self.observer.panicked(model, worker.id)
+        span = self.observer.decided(
+            self.policy.name, Decision(worker=worker, reason="panic"), [worker], 0, 0, "none", 0.0
+        )
+        return PoolLease(self, worker, charge, 0.0, 0, panic=True, span=span)
+
+    def panicking(self) -> dict[str, str]:
+        """Models in panic mode (every worker serving them marked down), with the worker that would
+        be tried next: for `GET /health` and `/admin/workers`."""
+        chosen = {}
+        for model in self._models:
+            serving = [w for w in self._workers.values() if w.serves(model)]
+            last = self._last_resort(serving, frozenset()) if serving else None
+            if last is not None:
+                chosen[model] = last.id
+        return chosen
+
+    def recheck_soon(self, worker: Worker) -> None:
+        """Check a worker's health now (a request it was tried on in panic mode succeeded)."""
+        task = asyncio.get_running_loop().create_task(self.health.check(worker))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def readiness(self) -> dict[str, bool]:
         return {
@@ -218,6 +225,9 @@ class WorkerPool:
                 states[worker.id] = "operational"
             else:
                 states[worker.id] = "degraded"
+        # A model whose workers are all down is still served, on the most recently healthy one.
+        for model in self.panicking():
+            states[f"panic:{model}"] = "degraded"
         return states
 
     async def start(self) -> None:
@@ -225,12 +235,17 @@ class WorkerPool:
         is known when serving starts), then keep checking. An embedded engine's load is awaited
         here, not inside the first check, whose timeout would mark it down until the next round."""
         await asyncio.gather(asyncio.to_thread(self.prompts.load), *map(_preload, self._workers.values()))
+        for worker in self._workers.values():
+            self._subscribe(worker)
         await self.health.check_all()
         await asyncio.gather(*map(_detect_responses, self._workers.values()))
         self.health.start()
 
     async def aclose(self) -> None:
         await self.health.stop()
+        for task in list(self._feeds.values()):
+            await stop_feed(task)
+        self._feeds.clear()
         for task in list(self._drain_deadlines):
             task.cancel()
         workers, self._workers = list(self._workers.values()), {}
@@ -256,6 +271,7 @@ class WorkerPool:
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Add a worker and check its health at once; ValueError if its id is taken."""
         worker = self._add(spec)
+        self._subscribe(worker)
         await self.health.check(worker)
         await _detect_responses(worker)
         return worker
@@ -278,6 +294,9 @@ class WorkerPool:
             return
         del self._workers[worker.id]
         self.health.forget(worker.id)
+        feed = self._feeds.pop(worker.id, None)
+        if feed is not None:
+            feed.cancel()
         logger.info("worker %s removed", worker.id)
         task = asyncio.get_running_loop().create_task(worker.engine.aclose())
         self._closing.add(task)
@@ -308,6 +327,14 @@ class WorkerPool:
         self._workers[worker_id] = worker
         self._learn_models(worker)
         return worker
+
+    def _subscribe(self, worker: Worker) -> None:
+        """Start following the worker's KV events, if it publishes them."""
+        if worker.kv_events is not None and worker.id not in self._feeds:
+            task = asyncio.get_running_loop().create_task(
+                worker.kv_events.run(), name=f"kv-events-{worker.id}"
+            )
+            self._feeds[worker.id] = task
 
     def _trim(self, worker: Worker) -> None:
         self._trims.discard(worker.id)

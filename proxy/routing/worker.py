@@ -4,6 +4,11 @@ The tree is an *approximation* of the engine's prefix cache: the router inserts 
 there, sizes the tree to the engine's KV capacity (LRU, leaf first, plus a TTL) and shrinks that size
 when the engine reports fewer cached tokens than the tree predicted, because then the engine is
 evicting sooner than the tree does.
+
+Capacity, costs and predictions are in the engine's tokens. The tree's keys are token ids when the
+router has the model's tokenizer, else UTF-8 bytes: then `units_per_token` (bytes per engine token,
+learned per model from the engine's reported `prompt_tokens`) converts, so a tree of bytes still
+holds a whole cache's worth of prefixes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from adapters.base import Engine
 from cachelayer.radix import RadixTree
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.config import DEFAULT_EVICT_HEADROOM, BreakerSettings, WorkerSpec
+from proxy.routing.kv_events import KvEventFeed
+from proxy.routing.kv_index import chain_keys
 
 Health = Literal["unknown", "up", "down"]
 
@@ -29,6 +36,12 @@ SHRINK_FACTOR = 0.95
 GROW_FACTOR = 1.01
 MISPREDICTION_TOLERANCE = 0.05
 """An over-prediction smaller than this fraction of the prompt is noise (page rounding, templates)..."""
+DEFAULT_BYTES_PER_TOKEN = 4.0
+"""UTF-8 bytes per token assumed until the engine's first reported `prompt_tokens` (English text
+under a BPE vocabulary; the learned figure replaces it after one request)."""
+BYTES_PER_TOKEN_SMOOTHING = 0.1
+"""Weight of each new sample in the learned bytes per token (an exponential moving average)."""
+
 MISPREDICTION_MIN_TOKENS = 16
 """... and so is one below a KV page (engines cache whole pages and always recompute the last token)."""
 
@@ -58,6 +71,8 @@ class Worker:
     capacity_source: str
     tree: RadixTree[None] = field(default_factory=RadixTree)
     health: Health = "unknown"
+    last_healthy: float = float("-inf")
+    """When (time.monotonic) a health check last passed; panic mode tries the most recent one."""
     draining: bool = False
     in_flight: int = 0
     queued_work: float = 0.0
@@ -65,18 +80,29 @@ class Worker:
     """When (on the pool's clock) the prefill of the requests dispatched so far should be done: each
     adds its uncached tokens at the configured prefill speed, behind the ones before it."""
     capacity_estimate: float = 0.0
+    """The capacity (tokens) after corrections from engine-reported cached tokens."""
+    units_per_token: float = 1.0
+    """Tree keys per engine token: 1 for token ids, the learned bytes per token for a byte tree."""
+    bytes_per_token: dict[str, float] = field(default_factory=dict)
+    """Per model routed on UTF-8 bytes: prompt bytes per engine prompt token, learned."""
     requests: int = 0
     failures: int = 0
     predicted_tokens: int = 0
     reported_cached_tokens: int = 0
+    predictions: int = 0
+    """Requests whose engine reported `cached_tokens`, each compared with the tree's prediction."""
+    prediction_error_tokens: int = 0
+    """Sum over those requests of |predicted - reported| cached tokens."""
     mispredictions: int = 0
     discovered_models: list[str] = field(default_factory=list)
     """Models the engine listed (`GET /v1/models`) when none were configured."""
     engine_load: dict[str, float] = field(default_factory=dict)
-    _prefills: deque[InFlight] = field(default_factory=deque)
     """The engine's own gauges from its `/metrics` (running, queued, cache hit rate), when it has them."""
     responses_api: bool = False
     """Serves `POST /v1/responses` itself (configured, or detected by the pool at start)."""
+    kv_events: KvEventFeed | None = None
+    """The exact block index from the engine's KV events, when `spec.kv_events` is set."""
+    _prefills: deque[InFlight] = field(default_factory=deque)
 
     @classmethod
     def create(
@@ -99,6 +125,7 @@ class Worker:
             capacity_source=capacity_source,
             tree=RadixTree(clock=clock),
             capacity_estimate=float(capacity_tokens),
+            kv_events=KvEventFeed(spec.kv_events, clock) if spec.kv_events is not None else None,
         )
 
     @property
@@ -134,16 +161,53 @@ class Worker:
         """Tokens of `tokens` the tree predicts the engine holds."""
         return self.tree.match_prefix(tokens).length
 
+    def exact_match(
+        self, engine_tokens: array[int] | None, salt: str, keys: dict[int, list[bytes]]
+    ) -> int | None:
+        """Tokens of the prompt the engine's KV events say it holds, or None when the worker has no
+        live event feed or the prompt's tokens are not the engine's (a byte-routed model). `keys`
+        caches the prompt's block keys per block size across workers."""
+        feed = self.kv_events
+        if feed is None or engine_tokens is None or not feed.live():
+            return None
+        size = feed.index.block_size
+        if size not in keys:
+            keys[size] = chain_keys(engine_tokens, salt, size) if size > 0 else []
+        return feed.index.match_keys(keys[size])
+
+    @property
+    def tree_limit(self) -> int:
+        """The tree's size limit in its own keys: the capacity estimate times `units_per_token`."""
+        return int(self.capacity_estimate * self.units_per_token)
+
+    def scale_for(self, model: str, kind: str) -> float:
+        """Tree keys per engine token for a request of `model` tokenized by `kind`, which also sets
+        the tree's own scale (one model per worker is the rule; with several, the latest request's
+        sizes the tree)."""
+        scale = self.bytes_per_token.get(model, DEFAULT_BYTES_PER_TOKEN) if kind == "bytes" else 1.0
+        self.units_per_token = scale
+        return scale
+
+    def learn_bytes_per_token(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:
+        """Fold one request's prompt bytes per reported prompt token into the model's figure."""
+        if prompt_bytes <= 0 or prompt_tokens <= 0:
+            return
+        sample = prompt_bytes / prompt_tokens
+        known = self.bytes_per_token.get(model)
+        self.bytes_per_token[model] = (
+            sample if known is None else known + BYTES_PER_TOKEN_SMOOTHING * (sample - known)
+        )
+
     def remember(self, tokens: array[int]) -> bool:
         """Record that the engine will hold `tokens`; True when the tree has outgrown its capacity
         estimate and needs a `trim` (which the pool runs after the decision, off the request's path)."""
         self.tree.insert(tokens)
-        return self.tree.total_tokens > self.capacity_estimate
+        return self.tree.total_tokens > self.tree_limit
 
     def trim(self) -> None:
         """Evict least recently used prefixes until the tree is a margin below its capacity estimate;
         the margin makes the (leaf-scanning) eviction run rarely."""
-        limit = int(self.capacity_estimate)
+        limit = self.tree_limit
         if self.tree.total_tokens > limit:
             self.tree.evict(self.tree.total_tokens - int(limit * (1 - DEFAULT_EVICT_HEADROOM)))
 
@@ -190,12 +254,14 @@ class Worker:
         """Compare the tree's prediction with the engine's `cached_tokens` and adapt the tree's size."""
         self.predicted_tokens += predicted
         self.reported_cached_tokens += cached
+        self.predictions += 1
+        self.prediction_error_tokens += abs(predicted - cached)
         if predicted - cached > max(MISPREDICTION_MIN_TOKENS, MISPREDICTION_TOLERANCE * prompt_tokens):
             self.mispredictions += 1
             floor = MIN_CAPACITY_FRACTION * self.capacity_tokens
             self.capacity_estimate = max(floor, self.capacity_estimate * SHRINK_FACTOR)
-            if self.tree.total_tokens > self.capacity_estimate:
-                self.tree.evict(self.tree.total_tokens - int(self.capacity_estimate))
+            if self.tree.total_tokens > self.tree_limit:
+                self.tree.evict(self.tree.total_tokens - self.tree_limit)
         else:
             self.capacity_estimate = min(float(self.capacity_tokens), self.capacity_estimate * GROW_FACTOR)
 
@@ -204,8 +270,8 @@ class Worker:
         self.capacity_tokens = capacity_tokens
         self.capacity_source = source
         self.capacity_estimate = float(capacity_tokens)
-        if self.tree.total_tokens > capacity_tokens:
-            self.tree.evict(self.tree.total_tokens - capacity_tokens)
+        if self.tree.total_tokens > self.tree_limit:
+            self.tree.evict(self.tree.total_tokens - self.tree_limit)
 
     def forget(self) -> None:
         """Drop the whole tree (the engine restarted or flushed its cache)."""

@@ -295,3 +295,17 @@ async def test_text_completion_through_generate(engine: SGLangEngine) -> None:
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == " Paris"
     # SGLang did not report cached tokens: unknown, not zero.
     assert completion.usage is not None and completion.usage.cached_tokens is None
+
+
+@respx.mock
+async def test_tokenizer_path_from_server_info(engine: SGLangEngine) -> None:
+    respx.get(f"{BASE}/server_info").respond(
+        json={"model_path": "/models/llama", "tokenizer_path": "/models/llama-tok"}
+    )
+    assert await engine.tokenizer_path() == "/models/llama-tok"
+
+
+@respx.mock
+async def test_tokenizer_path_falls_back_to_the_model_path(engine: SGLangEngine) -> None:
+    respx.get(f"{BASE}/server_info").respond(json={"model_path": "/models/llama"})
+    assert await engine.tokenizer_path() == "/models/llama"

@@ -135,3 +135,11 @@ async def test_reset_prefix_cache_and_health(engine: VLLMEngine) -> None:
     respx.get(f"{BASE}/health").respond(200)
     assert await engine.flush_cache() is True and reset.call_count == 1
     assert await engine.check_health() is True
+
+
+@respx.mock
+async def test_tokenizer_path_is_the_models_root(engine: VLLMEngine) -> None:
+    respx.get(f"{BASE}/v1/models").respond(
+        json={"object": "list", "data": [{"id": "llama", "object": "model", "root": "/models/llama-3-8b"}]}
+    )
+    assert await engine.tokenizer_path() == "/models/llama-3-8b"

@@ -32,6 +32,8 @@ class SimWorker:
     port: int
     time_scale: float = 0.05
     process: subprocess.Popen[bytes] | None = None
+    extra_args: tuple[str, ...] = ()
+    """More `sim_engine` flags (`--kv-events-port`, `--offer-tokenizer`, `--capacity-tokens`)."""
 
     @property
     def url(self) -> str:
@@ -50,6 +52,7 @@ class SimWorker:
             str(self.time_scale),
             "--stream-interval",
             "4",
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -95,8 +98,11 @@ def stop_all(workers: Sequence[SimWorker]) -> None:
         worker.stop()
 
 
-def start_gateway(workers: Sequence[SimWorker], **routing: object) -> GatewayServer:
-    """A gateway (in this process, on a loopback port) routing over `workers` as SGLang workers."""
+def start_gateway(
+    workers: Sequence[SimWorker], *, specs: Sequence[WorkerSpec] = (), **routing: object
+) -> GatewayServer:
+    """A gateway (in this process, on a loopback port) routing over `workers` as SGLang workers
+    (or over `specs`, when given)."""
     options: dict[str, object] = {
         "max_attempts": 3,
         "backoff_base_s": 0.01,
@@ -105,9 +111,8 @@ def start_gateway(workers: Sequence[SimWorker], **routing: object) -> GatewaySer
     }
     options.update(routing)
     settings = Settings(
-        workers=[
-            WorkerSpec(url=w.url, kind="sglang", models=[MODEL], id=f"w{i}") for i, w in enumerate(workers)
-        ],
+        workers=list(specs)
+        or [WorkerSpec(url=w.url, kind="sglang", models=[MODEL], id=f"w{i}") for i, w in enumerate(workers)],
         routing=msgspec.convert(options, RoutingSettings),
         upstream_client=UpstreamClientConfig(connect_timeout_s=1, read_timeout_s=30, health_timeout_s=1),
     )

@@ -176,7 +176,7 @@ def test_raw_stream_error_event_then_done(gateway: GatewayServer, upstream: Upst
     assert events[-2:] == ["data: [DONE]", ""]
 
 
-def test_upstream_unreachable_is_502_then_503() -> None:
+def test_upstream_unreachable_is_502_even_when_marked_down() -> None:
     upstream = UpstreamServer(models=(MODEL,)).start()
     gateway = GatewayServer(create_app(gateway_settings(upstream.url))).start()
     try:
@@ -186,12 +186,13 @@ def test_upstream_unreachable_is_502_then_503() -> None:
         assert error["code"] == "upstream_unreachable"
     finally:
         gateway.stop()
-    # A gateway whose only worker is down from the start knows there is no healthy worker.
+    # A gateway whose only worker is down from the start is not ready, but still tries the worker
+    # (panic mode: it may have just come up), so the client learns the upstream is unreachable.
     gateway = GatewayServer(create_app(gateway_settings(upstream.url))).start()
     try:
         assert httpx.get(f"{gateway.base_url}/health/ready").status_code == 503
-        error = _error(httpx.post(f"{gateway.url}/chat/completions", json=body), 503)
-        assert error["code"] == "engine_overloaded"
+        error = _error(httpx.post(f"{gateway.url}/chat/completions", json=body), 502)
+        assert error["code"] == "upstream_unreachable"
     finally:
         gateway.stop()
 

@@ -59,7 +59,9 @@ def test_unrelated_prompts_are_spread_and_the_admin_api_shows_it(
     rows = admin_workers(gateway)
     assert all(row["health"] == "up" and row["circuit"] == "closed" for row in rows.values())
     assert all(row["requests"] >= 1 and row["tree_tokens"] > 0 for row in rows.values())
-    assert all(row["tokenizers"] == {MODEL: "bytes"} for row in rows.values())
+    # No tokenizer configured: the SGLang workers' own /tokenize was found and is used.
+    assert all(row["tokenizers"] == {MODEL: "engine"} for row in rows.values())
+    assert all(row["tokenizer_sources"][MODEL].endswith("/tokenize") for row in rows.values())
 
 
 def test_streaming_through_the_router_keeps_usage_and_deltas(gateway: GatewayServer) -> None:

@@ -68,3 +68,21 @@ async def test_errors_are_openai_shaped(client_and_pool) -> None:  # type: ignor
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "worker_not_found"
     bad = await client.post("/admin/workers", json={"url": "ftp://x", "kind": "openai"})
     assert bad.status_code == 400 and "error" in bad.json()
+
+
+async def test_a_run_time_worker_s_kv_event_sockets_must_be_on_a_permitted_host(client_and_pool) -> None:  # type: ignore[no-untyped-def]
+    client, _ = client_and_pool
+    elsewhere = {
+        "url": "http://127.0.0.1:9300",
+        "kind": "vllm",
+        "id": "evented",
+        "kv_events": {"endpoint": "tcp://10.9.9.9:5557"},
+    }
+    refused = await client.post("/admin/workers", json=elsewhere)
+    assert refused.status_code == 403 and refused.json()["error"]["param"] == "kv_events"
+    local_file = {**elsewhere, "kv_events": {"endpoint": "ipc:///tmp/engine-events"}}
+    assert (await client.post("/admin/workers", json=local_file)).status_code == 403
+    loopback = {**elsewhere, "kv_events": {"endpoint": "tcp://127.0.0.1:5557"}}
+    added = await client.post("/admin/workers", json=loopback)
+    assert added.status_code == 201 and added.json()["kv_events"]["live"] is False
+    assert (await client.delete("/admin/workers/evented")).status_code == 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from adapters.engine_metrics import EngineLoad
@@ -75,8 +77,46 @@ async def test_readiness_needs_a_healthy_worker_per_model() -> None:
     engine_of(pool, "w0").healthy = False
     await pool.health.check_all()
     assert pool.readiness() == {"m": False}
+    # Panic mode: the one worker is still tried, once per request (a retry finds none left).
+    lease = await pool.acquire(completion_request("x"))
+    assert lease.worker_id == "w0"
     with pytest.raises(EngineOverloaded):
+        await pool.acquire(completion_request("x"), exclude=frozenset({"w0"}))
+    lease.release(usage=None, failed=True)
+
+
+async def test_when_every_worker_is_down_the_most_recently_healthy_one_is_tried() -> None:
+    pool = make_pool(3, health_failure_threshold=1)
+    await pool.health.check_all()
+    for worker_id in ("w2", "w0", "w1"):  # one by one; w1 passes its checks the longest
+        engine_of(pool, worker_id).healthy = False
+        await pool.health.check_all()
+    assert pool.readiness() == {"m": False}
+    assert pool.panicking() == {"m": "w1"}
+    assert pool.component_states() == {"w0": "down", "w1": "down", "w2": "down", "panic:m": "degraded"}
+    lease = await pool.acquire(completion_request("x"))
+    assert lease.worker_id == "w1"
+    lease.release(usage=None, failed=True)
+    retry = await pool.acquire(completion_request("x"), exclude=frozenset({"w1"}))
+    assert retry.worker_id == "w0"  # next most recently healthy
+    # It answered: a health check runs at once, and the worker is back in rotation.
+    engine_of(pool, "w0").healthy = True
+    retry.release(usage=None, failed=False)
+    await asyncio.sleep(0.01)
+    assert pool.component_states()["w0"] == "operational" and pool.panicking() == {}
+    await pool.aclose()
+
+
+async def test_no_panic_while_a_worker_is_up_but_at_its_limit() -> None:
+    specs = [WorkerSpec(url="http://127.0.0.1:9100", id="w0", models=["m"], max_concurrency=1)]
+    specs.append(WorkerSpec(url="http://127.0.0.1:9101", id="w1", models=["m"]))
+    pool = WorkerPool(["m"], specs, RoutingSettings(health_failure_threshold=1), engine_factory=FakeEngine)
+    engine_of(pool, "w1").healthy = False
+    await pool.health.check_all()
+    held = await pool.acquire(completion_request("x"))
+    with pytest.raises(EngineOverloaded):  # w0 is busy, not down: w1 (down) is not tried
         await pool.acquire(completion_request("x"))
+    held.release(usage=None, failed=False)
 
 
 class MetricsBehindAProxy(FakeEngine):
