@@ -123,6 +123,16 @@ class KVPool:
         out[len(header) + half :].reshape(shape)[...] = v_bytes[:, page]
         return out.tobytes()
 
+    def page_views(self, page: int) -> list[memoryview]:
+        """`page`'s K then V, every layer, as views of the pool's memory (no copy): joined, they are
+        `export_page`'s bytes. Valid while the page is not written (a stopped engine's pool)."""
+        k_bytes, v_bytes = self._byte_views()
+        return [
+            memoryview(half[layer, page]).cast("B")
+            for half in (k_bytes, v_bytes)
+            for layer in range(len(half))
+        ]
+
     def import_page(self, page: int, data: bytes, offset: int = 0) -> None:
         """Write `export_page` bytes (starting at `offset` in `data`) into `page`."""
         k_bytes, v_bytes = self._byte_views()
