@@ -113,13 +113,15 @@ class SegmentWriter:
         """Write a record of ``data`` (buffers, never joined) at ``offset`` of segment ``seq`` from
         this thread, once every write queued before has landed (no hole before it), unsynced: for
         a shutdown's flush. False when ``time.monotonic()`` reached ``deadline`` first (nothing
-        written) or the disk refused it."""
+        written), the writer is closed, or the disk refused it."""
         with self._wake:
-            while self._queue:
+            while self._queue and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._wake.wait(left)
+            if self._closed:
+                return False
         if not self._io.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False  # the writer's last batch (taken with `_io` held) is still landing
         try:
