@@ -235,10 +235,6 @@ class DiskTier:
         """Whether a ``put`` of ``nbytes`` of data would be queued now rather than refused."""
         return self._writer.has_room(nbytes)
 
-    def wait_room(self, nbytes: int, deadline: float) -> bool:
-        """Wait, until ``time.monotonic()`` reaches ``deadline``, for the queue to take ``nbytes``."""
-        return self._writer.wait_room(nbytes, deadline)
-
     def finish_by(self, deadline: float) -> None:
         """Shutdown has begun: queued writes land until ``deadline`` (``time.monotonic()``), unsynced."""
         self._writer.finish_by(deadline)

@@ -159,18 +159,6 @@ class SegmentWriter:
         with self._wake:
             return not self._closed and self._queued_bytes + nbytes <= self._max_pending_bytes
 
-    def wait_room(self, nbytes: int, deadline: float) -> bool:
-        """Wait until a write of ``nbytes`` fits the queue, or ``time.monotonic()`` reaches ``deadline``."""
-        if self._thread is None:
-            return True
-        with self._wake:
-            while self._queued_bytes + nbytes > self._max_pending_bytes and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.wait(left)
-            return not self._closed
-
     def finish_by(self, deadline: float) -> None:
         """Shutdown has begun: write what is queued (and what comes) until ``time.monotonic()``
         reaches ``deadline``, drop the rest, and stop syncing: the records reach the kernel's page
@@ -209,6 +197,7 @@ class SegmentWriter:
                 batch = list(self._queue)
                 self._queue.clear()
                 self._io.acquire()  # taken with the batch: `write_now` waits for what it sees leave
+                self._wake.notify_all()
             try:
                 self._apply(batch)
             finally:
@@ -216,7 +205,7 @@ class SegmentWriter:
 
     def _landed(self, op: _Write) -> None:
         """``op``'s record is written (or refused): its bytes leave the queue's budget at once, so a
-        `wait_room` caller goes on while the rest of the batch is written."""
+        ``put`` may be queued while the rest of the batch is written."""
         if self._thread is None or op.entry is None:
             return
         with self._wake:

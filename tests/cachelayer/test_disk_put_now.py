@@ -112,3 +112,17 @@ def test_sigkill_mid_flush_never_leaves_a_wrong_entry(tmp_path: Path, delay_s: f
             found += 1
             assert is_intact(b"key%d" % i, got.data)
     assert found > 0
+
+
+def test_a_record_after_a_queued_deletion_waits_only_for_it(tmp_path: Path) -> None:
+    disk = queued_tier(tmp_path)
+    disk.put(b"gone", Entry(b"x" * 100, None))
+    disk.close()
+    disk = queued_tier(tmp_path)
+    assert disk.delete(b"gone")  # a tombstone queued alone
+    started = time.monotonic()
+    assert disk.put_now(b"now", [b"data"], cost=1.0, deadline=started + 10)
+    assert time.monotonic() - started < 5
+    disk.close()
+    reopened = tier(tmp_path)
+    assert reopened.get(b"gone") is None and reopened.get(b"now") == Entry(b"data", None, 1.0)
