@@ -1,8 +1,8 @@
 """Disk byte tier (L3): checksummed records in append-only segment files, found again after a restart.
 
-Layout under ``directory``: ``seg/<seq>.rgs`` segments (format in ``cachelayer.segment_log``) and
-``.lock``, an exclusive ``flock`` so one process owns the directory (its in-memory index must be
-the only writer).
+Layout under ``directory``: ``seg/<seq>.rgs`` segments (``cachelayer.segment_log``; the records in
+them: ``cachelayer.segment_record``) and ``.lock``, an exclusive ``flock`` so one process owns the
+directory (its in-memory index must be the only writer).
 
 - ``put`` appends a record to the active segment; a new segment starts when the active one would
   pass ``capacity_bytes / 16`` (at most 64 MiB). ``delete`` appends a tombstone, so the entry stays
@@ -28,6 +28,7 @@ not synced, so a power loss may lose the newest entries but never makes one read
 shutdown bounded by a deadline (``finish_by``, ``close(deadline)``) writes what it can by then
 without syncing: the records are in the kernel's page cache, which outlives the process (a restart
 finds them), and reach the device at the kernel's writeback; what misses the deadline is dropped.
+``put_now`` is that shutdown's bulk path: the caller's thread writes a record from its buffers.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachelayer.policies import make_policy
-from cachelayer.segment_log import SUFFIX, SegmentWriter, parse_record, record_size, segment_path
-from cachelayer.segment_scan import scan_segment
+from cachelayer.segment_log import SegmentWriter, segment_path
+from cachelayer.segment_record import Buffer, parse_record, record_size
+from cachelayer.segment_scan import scan_segment, segment_files
 from cachelayer.stats import TierCounters, TierSnapshot
 from cachelayer.tier import Entry
 
@@ -173,21 +175,30 @@ class DiskTier:
         if size > self._config.capacity_bytes:
             self.delete(key)
             return [(key, entry)]
-        if key in self._index:
-            self._forget(key)
-        pushed_out = self._make_room(size)
-        seq, offset = self._place(size)
+        pushed_out, (seq, offset) = self._reserve(key, size)
         if not self._writer.append(seq, offset, key, entry):
-            self._file_bytes -= size  # nothing was queued at that place: the bytes stay free
-            self._segments[seq].size -= size
-            self._counters.errors += 1
+            self._unreserve(seq, size)
             return [*pushed_out, (key, entry)]
-        self._index[key] = _Meta(seq, offset, size, entry.expires_at)
-        self._segments[seq].keys.add(key)
-        self._live_bytes += size
-        self._policy.insert(key, size, entry.cost)
+        self._index_new(key, _Meta(seq, offset, size, entry.expires_at), entry.cost)
         self._counters.puts += 1
         return pushed_out
+
+    def put_now(self, key: bytes, data: Sequence[Buffer], *, cost: float, deadline: float) -> bool:
+        """Store ``data``'s buffers joined under ``key`` (no TTL), written from them (no copy) by this
+        thread after the queued writes: a shutdown flush, after ``finish_by`` (unsynced). False when
+        refused: too large, ``deadline`` (``time.monotonic()``) passed, a disk error. Evictions drop."""
+        self._forget_failed_writes()
+        size = record_size(key, sum(map(len, data)))
+        if size > self._config.capacity_bytes:
+            self.delete(key)
+            return False
+        _, (seq, offset) = self._reserve(key, size)
+        if not self._writer.write_now(seq, offset, key, data, cost, deadline):
+            self._unreserve(seq, size)
+            return False
+        self._index_new(key, _Meta(seq, offset, size, None), cost)
+        self._counters.puts += 1
+        return True
 
     def delete(self, key: bytes) -> bool:
         """Drop ``key`` (a tombstone keeps it dropped after a restart); True when it was present."""
@@ -224,10 +235,6 @@ class DiskTier:
         """Whether a ``put`` of ``nbytes`` of data would be queued now rather than refused."""
         return self._writer.has_room(nbytes)
 
-    def wait_room(self, nbytes: int, deadline: float) -> bool:
-        """Wait, until ``time.monotonic()`` reaches ``deadline``, for the queue to take ``nbytes``."""
-        return self._writer.wait_room(nbytes, deadline)
-
     def finish_by(self, deadline: float) -> None:
         """Shutdown has begun: queued writes land until ``deadline`` (``time.monotonic()``), unsynced."""
         self._writer.finish_by(deadline)
@@ -246,6 +253,24 @@ class DiskTier:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+    def _reserve(self, key: bytes, size: int) -> tuple[list[tuple[bytes, Entry]], tuple[int, int]]:
+        """Room for a record of ``size`` bytes replacing ``key``'s: what was pushed out, and where."""
+        if key in self._index:
+            self._forget(key)
+        return self._make_room(size), self._place(size)
+
+    def _unreserve(self, seq: int, size: int) -> None:
+        """Nothing was written at the last place reserved: its bytes stay free."""
+        self._file_bytes -= size
+        self._segments[seq].size -= size
+        self._counters.errors += 1
+
+    def _index_new(self, key: bytes, meta: _Meta, cost: float) -> None:
+        self._index[key] = meta
+        self._segments[meta.seq].keys.add(key)
+        self._live_bytes += meta.size
+        self._policy.insert(key, meta.size, cost)
 
     def _make_room(self, size: int) -> list[tuple[bytes, Entry]]:
         """Evict by policy until the live bytes leave room, then drop the oldest segments until the
@@ -345,35 +370,22 @@ class DiskTier:
             with contextlib.suppress(OSError):
                 legacy.unlink()
                 legacy.parent.rmdir()
-        seqs = self._segment_files()
+        seqs = segment_files(self._folder, self.name)
         now = self._clock()
         for seq in seqs:
             path = segment_path(self._folder, seq)
             segment = self._segments[seq] = _Segment(size=os.stat(path).st_size)
             self._file_bytes += segment.size
-            scan = scan_segment(path)
-            if scan.gaps:
-                self._counters.errors += scan.gaps
-                logger.warning(
-                    "%s: segment %s has %d damaged stretches (%d bytes) skipped; the records there are lost",
-                    self.name,
-                    path,
-                    scan.gaps,
-                    scan.dropped_bytes,
-                )
-            if scan.torn_tail:
-                logger.info(
-                    "%s: segment %s ends in %d bytes of a cut-short write", self.name, path, scan.torn_tail
-                )
+            scan = scan_segment(path, self.name)
+            self._counters.errors += scan.gaps
             for record in scan.records:
                 if record.key in self._index:
                     self._forget(record.key)
                 if record.tombstone or (record.expires_at is not None and record.expires_at <= now):
                     continue
-                self._index[record.key] = _Meta(seq, record.offset, record.size, record.expires_at)
-                segment.keys.add(record.key)
-                self._live_bytes += record.size
-                self._policy.insert(record.key, record.size, record.cost)
+                self._index_new(
+                    record.key, _Meta(seq, record.offset, record.size, record.expires_at), record.cost
+                )
         self._active = seqs[-1] if seqs else 0
         self._roll()
         for seq in seqs:  # the oldest segments holding nothing live are only dead bytes (a newer one
@@ -383,14 +395,3 @@ class DiskTier:
         demotes, self.demotes = self.demotes, False
         self._make_room(0)  # the budget may have shrunk since the last run
         self.demotes = demotes
-
-    def _segment_files(self) -> list[int]:
-        """Sequence numbers of the segment files in ``seg/``, in order; other files are skipped."""
-        seqs: list[int] = []
-        for path in self._folder.glob(f"*{SUFFIX}"):
-            stem = path.name.removesuffix(SUFFIX)
-            if stem.isdigit() and path.is_file() and segment_path(self._folder, int(stem)) == str(path):
-                seqs.append(int(stem))
-            else:
-                logger.warning("%s: skipping %s, which is not a segment of this cache", self.name, path)
-        return sorted(seqs)

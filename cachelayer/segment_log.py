@@ -1,13 +1,8 @@
 """The disk tier's files: append-only segments of checksummed records, and the thread that writes them.
 
-A segment is ``seg/<seq:010d>.rgs``, a run of records::
-
-    magic b"RGC2" | u32 flags | f64 expires_at (0 = none) | f64 cost | u32 key_len | u64 data_len
-    | 32-byte SHA-256 over (the 36 header bytes before it || key || data) | key | data
-
-all little-endian; ``flags`` bit 0 marks a tombstone (a deletion, no data). One file per entry cost
-~0.4 ms of kernel time per write here (create, write, rename on ext4), an append costs one
-``pwrite``: that is why entries share files.
+A segment is ``seg/<seq:010d>.rgs``, a run of records back to back (the record format is
+``cachelayer.segment_record``). One file per entry cost ~0.4 ms of kernel time per write here
+(create, write, rename on ext4), an append costs one ``pwritev``: that is why entries share files.
 
 Every write goes to an offset the tier chose when it accepted the entry, so writes may be queued
 (``SegmentWriter``) and the tier can answer for a queued entry from memory until it lands. A torn
@@ -18,35 +13,19 @@ wrong answer. Reading a segment back at startup is ``cachelayer.segment_scan``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachelayer.segment_record import Buffer, entry_parts, record_parts
 from cachelayer.tier import Entry
 
-__all__ = [
-    "HEAD",
-    "HEADER_BYTES",
-    "MAGIC",
-    "TOMBSTONE",
-    "SegmentWriter",
-    "WriteFailed",
-    "encode_record",
-    "parse_record",
-    "record_parts",
-    "record_size",
-    "segment_path",
-]
+__all__ = ["SUFFIX", "SegmentWriter", "WriteFailed", "segment_path"]
 
-MAGIC = b"RGC2"
-HEAD = struct.Struct("<4sIddIQ")  # magic, flags, expires_at, cost, key_len, data_len
-HEADER_BYTES = HEAD.size + 32
-TOMBSTONE = 1
 SUFFIX = ".rgs"
 BATCH_WAIT_S = 0.005
 """How long the writer lets records gather after the first one (CPU per record falls ~2x here)."""
@@ -55,49 +34,6 @@ BATCH_WAIT_S = 0.005
 def segment_path(folder: Path, seq: int) -> str:
     """The file of segment ``seq`` under ``folder``."""
     return f"{folder}/{seq:010d}{SUFFIX}"
-
-
-def record_size(key: bytes, data_len: int) -> int:
-    """Bytes a record takes on disk."""
-    return HEADER_BYTES + len(key) + data_len
-
-
-def record_parts(key: bytes, entry: Entry | None) -> tuple[bytes, ...]:
-    """A record for ``entry`` under ``key`` as its parts in order (None encodes a tombstone); written
-    with one ``pwritev``, so a large value is hashed and written but never copied."""
-    if entry is None:
-        head = HEAD.pack(MAGIC, TOMBSTONE, 0.0, 0.0, len(key), 0)
-        return head, hashlib.sha256(head + key).digest(), key
-    expires = 0.0 if entry.expires_at is None else entry.expires_at
-    head = HEAD.pack(MAGIC, 0, expires, entry.cost, len(key), len(entry.data))
-    digest = hashlib.sha256(head)
-    digest.update(key)
-    digest.update(entry.data)
-    return head, digest.digest(), key, entry.data
-
-
-def encode_record(key: bytes, entry: Entry | None) -> bytes:
-    """A record for ``entry`` under ``key`` as one byte string; None encodes a tombstone."""
-    return b"".join(record_parts(key, entry))
-
-
-def parse_record(blob: bytes, key: bytes) -> Entry | None:
-    """The entry in ``blob`` (one whole record) if it is intact, live data for ``key``; else None."""
-    if len(blob) < HEADER_BYTES:
-        return None
-    magic, flags, expires, cost, key_len, data_len = HEAD.unpack_from(blob)
-    if magic != MAGIC or flags & TOMBSTONE or len(blob) != HEADER_BYTES + key_len + data_len:
-        return None
-    if blob[HEADER_BYTES : HEADER_BYTES + key_len] != key:
-        return None
-    body = memoryview(blob)
-    digest = hashlib.sha256(body[: HEAD.size])
-    digest.update(body[HEADER_BYTES:])
-    if digest.digest() != blob[HEAD.size : HEADER_BYTES]:
-        return None
-    return Entry(
-        data=blob[HEADER_BYTES + key_len :], expires_at=None if expires == 0.0 else expires, cost=cost
-    )
 
 
 @dataclass(slots=True, eq=False)
@@ -143,6 +79,7 @@ class SegmentWriter:
         self._abandoned = 0
         self._idle = False
         self._wake = threading.Condition()
+        self._io = threading.Lock()  # held while records are written: the writer's batch, `write_now`
         self.failed: deque[WriteFailed] = deque()
         """Records the disk refused (appended by the writer, drained by the tier)."""
         self._thread: threading.Thread | None = None
@@ -170,6 +107,33 @@ class SegmentWriter:
                 self._wake.notify()
         return True
 
+    def write_now(
+        self, seq: int, offset: int, key: bytes, data: Sequence[Buffer], cost: float, deadline: float
+    ) -> bool:
+        """Write a record of ``data`` (buffers, never joined) at ``offset`` of segment ``seq`` from
+        this thread, once every write queued before has landed (no hole before it), unsynced: for
+        a shutdown's flush. False when ``time.monotonic()`` reached ``deadline`` first (nothing
+        written), the writer is closed, or the disk refused it."""
+        with self._wake:
+            while self._queue and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+            if self._closed:
+                return False
+        if not self._io.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False  # the writer's last batch (taken with `_io` held) is still landing
+        try:
+            if time.monotonic() >= deadline:
+                return False
+            _write_all(self._fd(seq), record_parts(key, data, cost=cost), offset)
+            return True
+        except OSError:
+            return False
+        finally:
+            self._io.release()
+
     def drop(self, seq: int) -> None:
         """Remove segment ``seq``'s file (after every write queued before this call)."""
         if self._thread is None:
@@ -194,18 +158,6 @@ class SegmentWriter:
             return True
         with self._wake:
             return not self._closed and self._queued_bytes + nbytes <= self._max_pending_bytes
-
-    def wait_room(self, nbytes: int, deadline: float) -> bool:
-        """Wait until a write of ``nbytes`` fits the queue, or ``time.monotonic()`` reaches ``deadline``."""
-        if self._thread is None:
-            return True
-        with self._wake:
-            while self._queued_bytes + nbytes > self._max_pending_bytes and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.wait(left)
-            return not self._closed
 
     def finish_by(self, deadline: float) -> None:
         """Shutdown has begun: write what is queued (and what comes) until ``time.monotonic()``
@@ -244,11 +196,16 @@ class SegmentWriter:
             with self._wake:
                 batch = list(self._queue)
                 self._queue.clear()
-            self._apply(batch)
+                self._io.acquire()  # taken with the batch: `write_now` waits for what it sees leave
+                self._wake.notify_all()
+            try:
+                self._apply(batch)
+            finally:
+                self._io.release()
 
     def _landed(self, op: _Write) -> None:
         """``op``'s record is written (or refused): its bytes leave the queue's budget at once, so a
-        `wait_room` caller goes on while the rest of the batch is written."""
+        ``put`` may be queued while the rest of the batch is written."""
         if self._thread is None or op.entry is None:
             return
         with self._wake:
@@ -273,21 +230,7 @@ class SegmentWriter:
                     os.unlink(segment_path(self._folder, op.seq))
                 continue
             try:
-                fd = self._fds.get(op.seq)
-                if fd is None:  # a new active segment: older ones are never written again
-                    self._close_all()
-                    fd = os.open(segment_path(self._folder, op.seq), os.O_WRONLY | os.O_CREAT, 0o644)
-                    self._fds[op.seq] = fd
-                parts = record_parts(op.key, op.entry)
-                written = os.pwritev(fd, parts, op.offset)
-                offset = op.offset + written
-                if written < sum(map(len, parts)):  # rare: a short write, finished piecewise
-                    view = memoryview(b"".join(parts))[written:]
-                else:
-                    view = memoryview(b"")
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
+                _write_all(self._fd(op.seq), entry_parts(op.key, op.entry), op.offset)
                 touched.add(op.seq)
             except OSError:
                 self.failed.append(WriteFailed(op.key, op.seq, op.offset))
@@ -297,6 +240,15 @@ class SegmentWriter:
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fds[seq])
 
+    def _fd(self, seq: int) -> int:
+        """The open file of segment ``seq``, created if new."""
+        fd = self._fds.get(seq)
+        if fd is None:  # a new active segment: older ones are never written again
+            self._close_all()
+            fd = os.open(segment_path(self._folder, seq), os.O_WRONLY | os.O_CREAT, 0o644)
+            self._fds[seq] = fd
+        return fd
+
     def _close_all(self) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
@@ -304,3 +256,16 @@ class SegmentWriter:
                     os.fdatasync(fd)
                 os.close(fd)
         self._fds.clear()
+
+
+def _write_all(fd: int, parts: Sequence[Buffer], offset: int) -> None:
+    """Write ``parts`` back to back at ``offset`` with one ``pwritev`` (a short write, rare, is
+    finished piecewise)."""
+    written = os.pwritev(fd, parts, offset)
+    if written == sum(map(len, parts)):
+        return
+    view = memoryview(b"".join(parts))[written:]
+    offset += written
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

@@ -11,13 +11,24 @@ after them are a ``torn_tail`` instead: what a crash mid-write leaves, expected,
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from cachelayer.segment_log import HEAD, HEADER_BYTES, MAGIC, TOMBSTONE
+from cachelayer.segment_log import SUFFIX, segment_path
+from cachelayer.segment_record import (
+    HEAD,
+    MAGIC_PREFIX,
+    MAX_HEADER_BYTES,
+    TOMBSTONE,
+    header_bytes,
+    record_verifies,
+)
 
-__all__ = ["ScannedRecord", "SegmentScan", "scan_segment"]
+__all__ = ["ScannedRecord", "SegmentScan", "scan_segment", "segment_files"]
+
+logger = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 4096
 """Longest key a plausible header names (ours are 32 bytes); longer ones are damage."""
@@ -49,8 +60,22 @@ class SegmentScan:
     """Bytes at the end with no record after them (a write cut short)."""
 
 
-def scan_segment(path: str) -> SegmentScan:
-    """Index the records of the segment at ``path`` (an unreadable file scans as empty)."""
+def segment_files(folder: Path, tier: str) -> list[int]:
+    """Sequence numbers of the segment files in ``folder``, in order; other files are skipped, with
+    a warning naming ``tier``."""
+    seqs: list[int] = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        stem = path.name.removesuffix(SUFFIX)
+        if stem.isdigit() and path.is_file() and segment_path(folder, int(stem)) == str(path):
+            seqs.append(int(stem))
+        else:
+            logger.warning("%s: skipping %s, which is not a segment of this cache", tier, path)
+    return sorted(seqs)
+
+
+def scan_segment(path: str, tier: str) -> SegmentScan:
+    """Index the records of the segment at ``path`` (an unreadable file scans as empty); damage is
+    logged as a warning naming ``tier``, a torn tail as information."""
     scan = SegmentScan()
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
@@ -73,19 +98,32 @@ def scan_segment(path: str) -> SegmentScan:
                 continue
             scan.records.append(record)
             offset += record.size
+    if scan.gaps:
+        logger.warning(
+            "%s: segment %s has %d damaged stretches (%d bytes) skipped; the records there are lost",
+            tier,
+            path,
+            scan.gaps,
+            scan.dropped_bytes,
+        )
+    if scan.torn_tail:
+        logger.info("%s: segment %s ends in %d bytes of a cut-short write", tier, path, scan.torn_tail)
     return scan
 
 
 def _header_at(fd: int, offset: int, end: int) -> ScannedRecord | None:
     """The record whose header starts at ``offset``, if the header is plausible and fits the file."""
-    if offset + HEADER_BYTES > end:
+    head = os.pread(fd, MAX_HEADER_BYTES + MAX_KEY_BYTES, offset)
+    if len(head) < HEAD.size:
         return None
-    head = os.pread(fd, HEADER_BYTES + MAX_KEY_BYTES, offset)
     magic, flags, expires, cost, key_len, data_len = HEAD.unpack_from(head)
-    size = HEADER_BYTES + key_len + data_len
-    if magic != MAGIC or key_len > MAX_KEY_BYTES or offset + size > end or flags & ~TOMBSTONE:
+    head_len = header_bytes(magic)
+    if head_len is None or key_len > MAX_KEY_BYTES or flags & ~TOMBSTONE:
         return None
-    key = head[HEADER_BYTES : HEADER_BYTES + key_len]
+    size = head_len + key_len + data_len
+    if offset + size > end:
+        return None
+    key = head[head_len : head_len + key_len]
     return ScannedRecord(
         key, offset, size, bool(flags & TOMBSTONE), None if expires == 0.0 else expires, cost
     )
@@ -95,13 +133,13 @@ def _resync(fd: int, start: int, end: int) -> int | None:
     """Offset of the first record at or after ``start`` that verifies whole, or None."""
     position = start
     while position < end:
-        chunk = os.pread(fd, _SEARCH_CHUNK + len(MAGIC) - 1, position)
-        at = chunk.find(MAGIC)
+        chunk = os.pread(fd, _SEARCH_CHUNK + len(MAGIC_PREFIX) - 1, position)
+        at = chunk.find(MAGIC_PREFIX)
         while at >= 0:
             candidate = position + at
             if _verifies(fd, candidate, end):
                 return candidate
-            at = chunk.find(MAGIC, at + 1)
+            at = chunk.find(MAGIC_PREFIX, at + 1)
         position += _SEARCH_CHUNK
     return None
 
@@ -111,7 +149,4 @@ def _verifies(fd: int, offset: int, end: int) -> bool:
     record = _header_at(fd, offset, end)
     if record is None:
         return False
-    blob = os.pread(fd, record.size, offset)
-    digest = hashlib.sha256(blob[: HEAD.size])
-    digest.update(blob[HEADER_BYTES:])
-    return digest.digest() == blob[HEAD.size : HEADER_BYTES]
+    return record_verifies(os.pread(fd, record.size, offset))

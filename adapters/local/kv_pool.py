@@ -53,6 +53,7 @@ class KVPool:
         self._free = list(range(num_pages))
         self._refs = [0] * num_pages
         self._zeroed = [False] * num_pages
+        self._layer_bytes: list[memoryview] | None = None  # K then V of each layer, as flat bytes
 
     @property
     def nbytes(self) -> int:
@@ -122,6 +123,14 @@ class KVPool:
         out[len(header) : len(header) + half].reshape(shape)[...] = k_bytes[:, page]
         out[len(header) + half :].reshape(shape)[...] = v_bytes[:, page]
         return out.tobytes()
+
+    def page_views(self, page: int) -> list[memoryview]:
+        """`page`'s K then V, every layer, as views of the pool's memory (no copy): joined, they are
+        `export_page`'s bytes. Valid while the page is not written (a stopped engine's pool)."""
+        if self._layer_bytes is None:  # built once: a flush asks for thousands of pages
+            self._layer_bytes = [memoryview(layer).cast("B") for half in self._byte_views() for layer in half]
+        size = self.page_nbytes // 2 // self.k.shape[0]
+        return [layer[page * size : (page + 1) * size] for layer in self._layer_bytes]
 
     def import_page(self, page: int, data: bytes, offset: int = 0) -> None:
         """Write `export_page` bytes (starting at `offset` in `data`) into `page`."""

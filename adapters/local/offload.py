@@ -4,6 +4,8 @@
                             -> L2 put (a memory copy) and L3 put (queued for the disk tier's writer)
     persist (engine thread) a cached page that is due (`write_behind`: used twice, or cached long
                             enough) -> encode -> L3 put only; it stays in the pool meanwhile
+    persist_now (shutdown)  the same once the engine thread has stopped (`WriteBehind.flush`): the
+                            record is written at once from the pool's memory, with no copy
     admit (engine thread)   after the radix match: next block keys -> which tier holds each page ->
                             load while the cost model says loading beats recomputing -> copy into
                             free pool pages -> insert into the radix tree (`PrefixCache.match`)
@@ -175,10 +177,6 @@ class KVOffload:
         """Whether the L3 writer's queue takes one more page now."""
         return self.disk is not None and self.disk.has_room(self.codec.nbytes)
 
-    def disk_wait_room(self, deadline: float) -> bool:
-        """Wait (until `time.monotonic()` reaches `deadline`) for room for one page in the L3 queue."""
-        return self.disk is not None and self.disk.wait_room(self.codec.nbytes, deadline)
-
     def finish_by(self, deadline: float) -> None:
         """Shutdown has begun: L3 writes land until `deadline` (`time.monotonic()`), unsynced."""
         if self.disk is not None:
@@ -192,6 +190,15 @@ class KVOffload:
         stored = self.store.put_into(L3_TIER, key, self.codec.encode(page), cost=float(self.page_size))
         self.persist_seconds += time.perf_counter() - started
         return stored
+
+    def persist_now(self, key: bytes, page: int, deadline: float) -> bool:
+        """`persist`, written before returning by this thread straight from the pool's memory (no
+        copy, no queue): the shutdown flush, once the engine thread has stopped and nothing writes
+        the pool. False when L3 refused it or `deadline` (`time.monotonic()`) passed first."""
+        if self.disk is None or self.disk.contains(key):
+            return False
+        parts = self.codec.parts(page)
+        return self.disk.put_now(key, parts, cost=float(self.page_size), deadline=deadline)
 
     def plan(self, salt: str, tokens: Sequence[int], start_page: int) -> list[PlannedLoad]:
         """The run of pages from `start_page` on that the store holds and that is worth loading."""

@@ -48,6 +48,11 @@ class PageCodec:
         """Pool page `page` as header + raw K and V."""
         return self.pool.export_page(page, header=self.header)
 
+    def parts(self, page: int) -> list[bytes | memoryview]:
+        """`encode(page)` as the header and views of the pool's memory, never copied (see
+        `KVPool.page_views`: only while nothing writes the page)."""
+        return [self.header, *self.pool.page_views(page)]
+
     def decode_into(self, data: bytes, page: int) -> bool:
         """Copy an encoded page into pool page `page`; False (pool untouched) when `data` does not fit."""
         if len(data) != self.nbytes or data[: len(self.header)] != self.header:

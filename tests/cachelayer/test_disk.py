@@ -14,7 +14,8 @@ import pytest
 
 from cachelayer.disk import CacheDirLockedError, DiskTier, DiskTierConfig
 from cachelayer.memory import MemoryTierConfig
-from cachelayer.segment_log import HEADER_BYTES, segment_path
+from cachelayer.segment_log import segment_path
+from cachelayer.segment_record import HEADER_BYTES, MAGIC
 from cachelayer.tier import Entry
 from cachelayer.tiers import StoreConfig, TieredStore
 
@@ -264,7 +265,7 @@ def test_a_damaged_header_costs_its_own_record_only(tmp_path: Path, caplog: pyte
     (segment,) = (tmp_path / "seg").glob("*.rgs")
     data = bytearray(segment.read_bytes())
     at = data.find(b"key2") - HEADER_BYTES  # the record's magic: the key follows its header
-    assert data[at : at + 4] == b"RGC2"
+    assert data[at : at + 4] == MAGIC
     data[at : at + 4] = b"XXXX"
     segment.write_bytes(bytes(data))
     with caplog.at_level("WARNING", logger="cachelayer.disk"):
@@ -281,7 +282,7 @@ def test_a_damaged_header_costs_its_own_record_only(tmp_path: Path, caplog: pyte
 def test_a_magic_inside_data_is_not_taken_for_a_record(tmp_path: Path) -> None:
     disk = tier(tmp_path)
     disk.put(b"a", Entry(payload(b"a", 1, 200), None))
-    disk.put(b"b", Entry(b"RGC2" * 50, None))  # data that looks like headers
+    disk.put(b"b", Entry(b"RGC2RGC3" * 25, None))  # data that looks like headers, of either format
     disk.put(b"c", Entry(payload(b"c", 1, 200), None))
     disk.close()
     (segment,) = (tmp_path / "seg").glob("*.rgs")
@@ -290,7 +291,7 @@ def test_a_magic_inside_data_is_not_taken_for_a_record(tmp_path: Path) -> None:
     segment.write_bytes(bytes(data))
     reopened = tier(tmp_path)
     assert reopened.get(b"a") is None
-    assert reopened.get(b"b") == Entry(b"RGC2" * 50, None)
+    assert reopened.get(b"b") == Entry(b"RGC2RGC3" * 25, None)
     got = reopened.get(b"c")
     assert got is not None and is_intact(b"c", got.data)
     reopened.close()

@@ -22,13 +22,13 @@ class FakeOffload:
     def disk_has_room(self) -> bool:
         return self.room
 
-    def disk_wait_room(self, deadline: float) -> bool:
-        return self.room
-
     def persist(self, key: bytes, page: int) -> bool:
         self.written.append((key, page))
         self.disk.add(key)
         return True
+
+    def persist_now(self, key: bytes, page: int, deadline: float) -> bool:
+        return self.persist(key, page)
 
 
 class Clock:
