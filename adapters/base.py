@@ -31,6 +31,9 @@ class EngineRequest:
     """W3C trace-context headers to propagate upstream (`traceparent`, `tracestate`)."""
     prompt_token_ids: list[int] | None = None
     """Token ids of the (chat-templated) prompt when the gateway has tokenized it."""
+    sliding_window: bool | None = None
+    """`enable_sliding_window` of a `/v1/cached/*` request: attend with the engine's sliding window
+    (engines that have one); None: the engine's default (`[sliding_window] enabled`)."""
 
     @property
     def model(self) -> str:

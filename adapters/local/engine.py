@@ -38,6 +38,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
+from adapters.local.window import WindowSpec
 from adapters.schema import GenerationRequest
 
 
@@ -59,6 +60,8 @@ class _Loaded:
     tokenizer: TextTokenizer
     template: ChatTemplate
     limits: EngineLimits
+    window: WindowSpec
+    """The window windowed requests attend with (checked against the model at load)."""
     offload: KVOffload | None = None
 
     def stop(self, flush_s: float) -> None:
@@ -125,6 +128,8 @@ class LocalEngine:
             self._model = load_model(cfg)
         loaded = self._model
         spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
+        window = WindowSpec(sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap)
+        window.check(cfg.page_size, spec.context_length)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         num_pages = cfg.kv_budget_tokens // cfg.page_size
@@ -174,9 +179,15 @@ class LocalEngine:
             pool_tokens=num_pages * cfg.page_size,
             page_size=cfg.page_size,
             max_n=cfg.max_running,
+            window_pages=window.max_pages(cfg.page_size),
         )
         return _Loaded(
-            core=core, tokenizer=tokenizer, template=loaded.template, limits=limits, offload=offload
+            core=core,
+            tokenizer=tokenizer,
+            template=loaded.template,
+            limits=limits,
+            window=window,
+            offload=offload,
         )
 
     def stats(self) -> EngineStats | None:
@@ -194,19 +205,27 @@ class LocalEngine:
         return [g.prompt for g in prepare(params, loaded.tokenizer, loaded.template, loaded.limits).groups]
 
     async def generate_stream(
-        self, prompt: list[int], params: SamplingParams, *, n: int = 1, salt: str = ""
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        salt: str = "",
+        sliding_window: bool | None = None,
     ) -> AsyncIterator[list[ChoiceDelta]]:
         """Token-level generation (no OpenAI framing): each engine step's deltas, for tools and
-        benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work."""
+        benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work.
+        `sliding_window`: attend with the configured window (None: the engine's default)."""
         await self.start()
         loaded = self._require()
-        if not prompt or len(prompt) + params.max_tokens > loaded.limits.max_context:
+        windowed = self.config.sliding_window if sliding_window is None else sliding_window
+        if not prompt or (not windowed and len(prompt) + params.max_tokens > loaded.limits.max_context):
             raise InvalidRequest("the prompt plus max_tokens must fit the model's context", param="prompt")
         if not 1 <= n <= loaded.limits.max_n:
             raise InvalidRequest(f"n must be between 1 and {loaded.limits.max_n}", param="n")
         group = PromptGroup(prompt=prompt, first_index=0, n=n)
         prepared = PreparedRequest(groups=[group], params=params, prompt_tokens=len(prompt), echo=None)
-        job_id, queue = self._submit(prepared, salt)
+        job_id, queue = self._submit(prepared, salt, windowed)
         open_choices = n
         try:
             while open_choices:
@@ -217,10 +236,12 @@ class LocalEngine:
             if open_choices:
                 loaded.core.cancel(job_id)
 
-    async def generate(self, prompt: list[int], params: SamplingParams, *, salt: str = "") -> Generation:
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, *, salt: str = "", sliding_window: bool | None = None
+    ) -> Generation:
         """One choice to the end, as token ids and text."""
         result = Generation()
-        async for deltas in self.generate_stream(prompt, params, salt=salt):
+        async for deltas in self.generate_stream(prompt, params, salt=salt, sliding_window=sliding_window):
             for delta in deltas:
                 result.token_ids.append(delta.token_id)
                 result.text += delta.text
@@ -232,8 +253,8 @@ class LocalEngine:
     async def complete(self, request: EngineRequest) -> Completion:
         """Run a request to the end and return the OpenAI body."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        prepared, writer, windowed = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, windowed)
         try:
             while not writer.done:
                 writer.add(_raise_failure(await queue.get()))
@@ -251,8 +272,8 @@ class LocalEngine:
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
         """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
         await self.start()
-        prepared, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt)
+        prepared, writer, windowed = self._prepare(request)
+        job_id, queue = self._submit(prepared, request.cache_salt, windowed)
         try:
             for chunk in writer.opening_chunks():
                 yield chunk
@@ -298,10 +319,11 @@ class LocalEngine:
             raise EngineError("the local engine is not started")
         return self._loaded
 
-    def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter]:
+    def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter, bool]:
         loaded = self._require()
         params = request.params
-        prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
+        windowed = self.config.sliding_window if request.sliding_window is None else request.sliding_window
+        prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits, windowed=windowed)
         options = params.stream_options
         writer = ResponseWriter(
             operation=request.operation,
@@ -314,9 +336,11 @@ class LocalEngine:
             echo=prepared.echo,
             n=params.n,
         )
-        return prepared, writer
+        return prepared, writer, windowed
 
-    def _submit(self, prepared: PreparedRequest, salt: str) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
+    def _submit(
+        self, prepared: PreparedRequest, salt: str, windowed: bool
+    ) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
         mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
         queue: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
 
@@ -325,7 +349,12 @@ class LocalEngine:
 
         job_id = next(self._job_ids)
         job = GenerationJob(
-            job_id=job_id, groups=prepared.groups, params=prepared.params, salt=salt, sink=sink
+            job_id=job_id,
+            groups=prepared.groups,
+            params=prepared.params,
+            salt=salt,
+            sink=sink,
+            window=self._require().window if windowed else None,
         )
         self._require().core.submit(job)
         return job_id, queue

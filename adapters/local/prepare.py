@@ -28,6 +28,8 @@ class EngineLimits:
     pool_tokens: int
     page_size: int
     max_n: int
+    window_pages: int = 0
+    """Most pages one windowed sequence holds (sinks, window and the page being filled); 0: no window."""
 
 
 @dataclass(slots=True)
@@ -42,9 +44,18 @@ class PreparedRequest:
 
 
 def prepare(
-    params: GenerationRequest, tokenizer: TextTokenizer, template: ChatTemplate, limits: EngineLimits
+    params: GenerationRequest,
+    tokenizer: TextTokenizer,
+    template: ChatTemplate,
+    limits: EngineLimits,
+    *,
+    windowed: bool = False,
 ) -> PreparedRequest:
-    """Tokenize the prompt(s) and validate every sampling field; raises InvalidRequest."""
+    """Tokenize the prompt(s) and validate every sampling field; raises InvalidRequest.
+
+    `windowed`: the request attends with a sliding window (`limits.window_pages` must be set), so
+    its prompt and completion may run past the model's context; its pages, not its length, must
+    fit the pool, and without `max_tokens` it completes at most `max_context` tokens."""
     n = params.n
     if not 1 <= n <= limits.max_n:
         raise InvalidRequest(f"n must be between 1 and {limits.max_n}", param="n")
@@ -55,6 +66,8 @@ def prepare(
         prompts = _completion_prompts(params, tokenizer, limits.vocab_size)
         echo = [tokenizer.decode(p) for p in prompts] if params.echo else None
     groups = [PromptGroup(prompt=p, first_index=i * n, n=n) for i, p in enumerate(prompts)]
+    if windowed:
+        return _windowed(params, prompts, groups, echo, limits)
     # Forks copy the prompt's partial last page, so n choices need up to n-1 extra pages.
     room = min(limits.max_context, limits.pool_tokens - (n - 1) * limits.page_size)
     longest = max(len(p) for p in prompts)
@@ -75,6 +88,29 @@ def prepare(
             code="context_length_exceeded",
         )
     sampling = _sampling(params, limit if limit is not None else room - longest, limits)
+    return PreparedRequest(
+        groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo
+    )
+
+
+def _windowed(
+    params: GenerationRequest,
+    prompts: list[list[int]],
+    groups: list[PromptGroup],
+    echo: list[str] | None,
+    limits: EngineLimits,
+) -> PreparedRequest:
+    """`prepare`'s limits for a windowed request: bounded pages instead of a bounded length."""
+    if params.n * limits.window_pages * limits.page_size > limits.pool_tokens:
+        raise InvalidRequest(
+            f"{params.n} windowed choices need {params.n * limits.window_pages} KV pages; the pool has "
+            f"{limits.pool_tokens // limits.page_size}",
+            param="n",
+        )
+    limit = params.token_limit
+    if limit is not None and limit < 1:
+        raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+    sampling = _sampling(params, limit if limit is not None else limits.max_context, limits)
     return PreparedRequest(
         groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo
     )

@@ -21,8 +21,8 @@ from adapters.local.attention import (
     ScatteredPages,
     SharedRun,
     page_runs,
-    segments,
-    split_runs,
+    run_segments,
+    split_run_list,
 )
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import EXACT_PROMPT_TOKENS
@@ -50,6 +50,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, step: ScheduledStep) -> StepOutput:
         """Compute the step's tokens, write their K/V, advance `num_computed`, return logits."""
+        for pages, shift in step.rotations:
+            self.model.shift_keys(self.pool, pages, shift)  # a window slid: its keys move back
         batch, sampled = self._build(step)
         logits = self.model.forward(batch, self.pool)
         for seq in step.decodes:
@@ -67,10 +69,15 @@ class ModelRunner:
         sampled: list[Sequence] = []
 
         def add(seq: Sequence, start: int, count: int) -> None:
+            window = seq.window
             for pos in range(start, start + count):
                 tokens.append(seq.tokens[pos])
-                positions.append(pos)
-                slots.append(seq.pages[pos // ps] * ps + pos % ps)
+                if window is None:
+                    positions.append(pos)
+                    slots.append(seq.pages[pos // ps] * ps + pos % ps)
+                else:
+                    positions.append(window.position(pos))
+                    slots.append(seq.pages[window.page_index(pos)] * ps + pos % ps)
 
         for seq in step.decodes:
             rows.append(len(tokens))
@@ -79,7 +86,7 @@ class ModelRunner:
         prefills = []
         for seq, chunk in step.prefills:
             start = len(tokens)
-            prefix = self._prefix_plan(seq.pages, seq.num_computed) if seq.num_computed else None
+            prefix = self._prefix_plan(self._context(seq, seq.num_computed)) if seq.num_computed else None
             add(seq, seq.num_computed, chunk)
             int8 = seq.prompt_len > EXACT_PROMPT_TOKENS
             prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix, int8=int8))
@@ -96,8 +103,15 @@ class ModelRunner:
         )
         return batch, sampled
 
-    def _prefix_plan(self, pages: list[int], tokens: int) -> PrefixPlan:
-        runs, rest, rest_tokens = split_runs(pages, tokens, self.page_size)
+    def _context(self, seq: Sequence, tokens: int) -> list[PageRun]:
+        """The runs of pages the first `tokens` tokens of `seq` attend to (a window's sinks and
+        window when it has one)."""
+        if seq.window is not None:
+            return seq.window.visible_runs(seq.pages, tokens)
+        return page_runs(seq.pages, tokens, self.page_size)
+
+    def _prefix_plan(self, context: list[PageRun]) -> PrefixPlan:
+        runs, rest, rest_tokens = split_run_list(context, self.page_size)
         scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
         return PrefixPlan(runs=runs, scattered=scattered)
 
@@ -106,12 +120,12 @@ class ModelRunner:
         single call; long runs of a sequence's own are attended in place, one call each; the
         short rest of every sequence is gathered into one padded call."""
         ps = self.page_size
+        contexts = [self._context(s, s.num_computed + 1) for s in seqs]
         if self.model.attends_in_kernel:
-            contexts = [(s.pages, s.num_computed + 1) for s in seqs]
             return DecodePlan(
-                count=len(seqs), runs=[], gathered=None, merge=False, segments=segments(contexts, ps)
+                count=len(seqs), runs=[], gathered=None, merge=False, segments=run_segments(contexts, ps)
             )
-        firsts = [page_runs(s.pages, s.num_computed + 1, ps)[0] for s in seqs]
+        firsts = [context[0] for context in contexts]
         by_start: dict[int, list[int]] = defaultdict(list)
         for i, run in enumerate(firsts):
             by_start[run.first_page].append(i)
@@ -126,10 +140,8 @@ class ModelRunner:
                     skip[i] = common
         parts = [int(t > 0) for t in skip]
         gather: list[tuple[int, list[int], int]] = []
-        for i, seq in enumerate(seqs):
-            own, rest, rest_tokens = split_runs(
-                seq.pages[skip[i] // ps :], seq.num_computed + 1 - skip[i], ps
-            )
+        for i, context in enumerate(contexts):
+            own, rest, rest_tokens = split_run_list(_drop_front(context, skip[i], ps), ps)
             runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
             parts[i] += len(own) + bool(rest)
             if rest:
@@ -149,3 +161,13 @@ class ModelRunner:
             pages=torch.tensor(table, dtype=torch.long),
             mask=mask[:, None, None, :],
         )
+
+
+def _drop_front(runs: list[PageRun], tokens: int, page_size: int) -> list[PageRun]:
+    """`runs` without their first `tokens` tokens: whole pages of the first run, read by a shared run."""
+    if tokens == 0:
+        return runs
+    first = runs[0]
+    if first.tokens <= tokens:
+        return runs[1:]
+    return [PageRun(first.first_page + tokens // page_size, first.tokens - tokens), *runs[1:]]

@@ -14,6 +14,10 @@ Every step (nano-vllm's schedule -> run -> postprocess):
    this step. A request that shares a longer prefix with a sequence still prefilling than the
    cache holds waits for it (in-batch prefix sharing): next step that prefix is cached.
 
+A windowed sequence (`window`) slides before its work is scheduled: pages that fall out of its
+window go back to the pool, shared pages it must re-rotate are copied first, and the rotations
+ride on the step for the runner. Its pages are allocated chunk by chunk, never for the whole prompt.
+
 The scheduler deals in page ids and token counts; tensors belong to the runner.
 """
 
@@ -28,6 +32,7 @@ from adapters.engine_stats import QUEUE_TIME_BUCKETS, LatencyHistogram
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
+from adapters.local.window import WindowState
 
 _WAIT_FOR_TOKENS = 64
 """Prompt tokens a request must stand to gain before it waits a step for another's prefill."""
@@ -40,6 +45,8 @@ class ScheduledStep:
 
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    rotations: list[tuple[list[int], int]] = field(default_factory=list)
+    """(pages, shift): keys to move `shift` positions back before the step runs (windows that slid)."""
 
 
 class Scheduler:
@@ -65,11 +72,16 @@ class Scheduler:
         self._reserved: dict[int, list[int]] = {}  # seq_id -> pages set aside for its forks' copies
         self._order = itertools.count()
         self.preemptions = 0
+        self.window_slid_pages = 0
+        """Pages windowed sequences slid out of their windows (released), since start."""
+        self._rotations: list[tuple[Sequence, list[int], int]] = []  # this step's, by sequence
         self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
         """Seconds from submission to first admission, per request."""
 
     def add(self, seq: Sequence) -> None:
         """Queue a group leader (its sibling choices ride in `seq.forks`)."""
+        if seq.job.window is not None:
+            seq.window = WindowState(seq.job.window, self.page_size)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -78,36 +90,42 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """Pick this step's work (possibly empty when the pool cannot admit anyone)."""
         step = ScheduledStep()
+        self._rotations = []
         for seq in list(self.running):
             # Skips sequences preempted earlier in this loop.
             if seq.status is Status.RUNNING and not seq.in_prefill and self._ensure_slot(seq):
                 step.decodes.append(seq)
         budget = self.max_prefill_tokens if step.decodes else self.max_idle_prefill_tokens
-        for seq in self.running:
-            if seq.in_prefill and budget > 0:
-                chunk = min(budget, seq.remaining)
+        for seq in list(self.running):
+            if seq.status is Status.RUNNING and seq.in_prefill and budget > 0:
+                chunk = self._chunk(seq, min(budget, seq.remaining))
                 budget -= chunk
-                step.prefills.append((seq, chunk))
+                if chunk:
+                    step.prefills.append((seq, chunk))
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(self.running) + 1 + len(seq.forks) > self.max_running or not self._admit(seq):
                 break
             self.waiting.popleft()
-            chunk = min(budget, seq.remaining)
+            chunk = self._chunk(seq, min(budget, seq.remaining))
             budget -= chunk
-            step.prefills.append((seq, chunk))
+            if chunk:
+                step.prefills.append((seq, chunk))
+        step.rotations = [(pages, shift) for _, pages, shift in self._rotations]
         return step
 
     def fork(self, leader: Sequence) -> list[Sequence]:
         """Start the leader's sibling choices on its prompt KV: full pages shared, the partial one copied."""
         children, leader.forks = leader.forks, []
         reserved = self._reserved.pop(leader.seq_id, [])
-        full = leader.num_computed // self.page_size
+        held = self._held_pages(leader, leader.num_computed)
+        full = held - (leader.num_computed % self.page_size != 0)
         for child in children:
             shared = leader.pages[:full]
             self.pool.retain(shared)
             child.pages = list(shared)
-            if full < len(leader.pages):
+            child.window = leader.window.copy() if leader.window is not None else None
+            if full < held:
                 copy = reserved.pop()
                 self.pool.copy_page(leader.pages[full], copy)
                 child.pages.append(copy)
@@ -142,12 +160,17 @@ class Scheduler:
     # ---- internals -----------------------------------------------------------------------
 
     def _admit(self, seq: Sequence) -> bool:
-        hit = self.cache.match(seq.salt, seq.tokens[:-1])
+        window = seq.window
+        # A windowed sequence reuses at most what it would compute before its first slide.
+        lookup = len(seq.tokens) - 1 if window is None else min(len(seq.tokens) - 1, window.spec.max_position)
+        hit = self.cache.match(seq.salt, seq.tokens[:lookup])
         if self._worth_waiting(seq, hit.tokens):
             self.cache.unlock(hit.node)
             self.pool.release(hit.pages)
             return False
-        need = -(-len(seq.tokens) // self.page_size) - len(hit.pages)
+        # A windowed sequence takes pages for its first chunk only (`_chunk` adds the rest).
+        upto = len(seq.tokens) if window is None else min(len(seq.tokens), hit.tokens + window.room(hit.tokens))
+        need = max(0, -(-upto // self.page_size) - len(hit.pages))
         partial = seq.prompt_len % self.page_size != 0 and seq.output_len == 0
         extra = len(seq.forks) if partial else 0
         fresh = self._alloc(need + extra)
@@ -185,16 +208,76 @@ class Scheduler:
         self.running.append(seq)
 
     def _ensure_slot(self, seq: Sequence) -> bool:
-        """Make sure `seq` has a page for its next token; False if `seq` itself had to be preempted."""
-        while len(seq.pages) * self.page_size <= seq.num_computed:
+        """Make sure `seq` has a page for its next token (its window slid first, when it has one);
+        False if `seq` itself had to be preempted."""
+        while not (seq.window is None or self._slide(seq, 1, keep=0)):
+            if self._preempt_latest(seq):
+                return False
+        while len(seq.pages) < self._held_pages(seq, seq.num_computed + 1):
             pages = self._alloc(1)
             if pages is not None:
                 seq.pages.extend(pages)
                 continue
-            victim = max(self.running, key=lambda s: s.admitted_at)
-            self._preempt(victim)
-            if victim is seq:
+            if self._preempt_latest(seq):
                 return False
+        return True
+
+    def _preempt_latest(self, seq: Sequence) -> bool:
+        """Preempt the most recently admitted sequence to free pages; True when that was `seq`."""
+        victim = max(self.running, key=lambda s: s.admitted_at)
+        self._preempt(victim)
+        return victim is seq
+
+    def _held_pages(self, seq: Sequence, tokens: int) -> int:
+        """Entries of `seq`'s page table that hold its first `tokens` tokens."""
+        if seq.window is not None:
+            return seq.window.held_pages(tokens)
+        return -(-tokens // self.page_size)
+
+    def _chunk(self, seq: Sequence, chunk: int) -> int:
+        """Prompt tokens `seq` computes this step, at most `chunk`: a windowed sequence slides so
+        that its window and the chunk fit (carrying `carry` tokens over) and gets the chunk's
+        pages; 0 when the pool cannot give them now."""
+        window = seq.window
+        if window is None:
+            return chunk
+        if not self._slide(seq, chunk, keep=window.spec.carry):
+            return 0
+        chunk = min(chunk, window.room(seq.num_computed))
+        need = window.held_pages(seq.num_computed + chunk) - len(seq.pages)
+        if need > 0:
+            fresh = self._alloc(need)
+            if fresh is None:
+                return 0
+            seq.pages.extend(fresh)
+        return chunk
+
+    def _slide(self, seq: Sequence, incoming: int, keep: int) -> bool:
+        """Slide `seq`'s window so `incoming` more tokens fit: release the pages that fall out,
+        copy the shared ones that stay (their keys are about to be rotated), queue the rotation.
+        False, with nothing changed, when the pool has no pages for the copies."""
+        window = seq.window
+        assert window is not None
+        count = window.pages_to_drop(seq.num_computed, incoming, keep)
+        if count == 0:
+            return True
+        first = window.sink_pages
+        held = window.held_pages(seq.num_computed)
+        shared = [i for i in range(first + count, held) if self.pool.refcount(seq.pages[i]) > 1]
+        copies = self._alloc(len(shared)) if shared else []
+        if copies is None:
+            return False
+        for i, copy in zip(shared, copies, strict=True):
+            self.pool.copy_page(seq.pages[i], copy)
+            self.pool.release([seq.pages[i]])
+            seq.pages[i] = copy
+        if seq.lock is not None:  # the cached prefix is no longer this sequence's context
+            self.cache.unlock(seq.lock)
+            seq.lock = None
+        slide = window.slide(seq.pages, count)
+        self.pool.release(slide.released)
+        self.window_slid_pages += count
+        self._rotations.append((seq, seq.pages[first : held - count], slide.shift))
         return True
 
     def _alloc(self, count: int) -> list[int] | None:
@@ -210,12 +293,17 @@ class Scheduler:
         self._cache_progress(seq)
         self._release(seq)
         seq.num_computed = 0
+        if seq.window is not None:  # it recomputes from its first token
+            seq.window.reset()
+            self._rotations = [r for r in self._rotations if r[0] is not seq]
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
     def _cache_progress(self, seq: Sequence) -> None:
         if not self.cache.enabled or seq.num_computed < self.page_size:
             return
+        if seq.window is not None and seq.window.dropped:
+            return  # its pages no longer hold the prefix in order
         node = self.cache.insert(seq.salt, seq.tokens[: seq.num_computed], seq.pages)
         self.cache.lock(node)
         if seq.lock is not None:

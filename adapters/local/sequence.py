@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from adapters.errors import EngineError
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
+from adapters.local.window import WindowSpec, WindowState
 from cachelayer.radix import RadixNode
 
 
@@ -71,6 +72,8 @@ class GenerationJob:
     sink: Sink
     submitted_at: float = field(default_factory=time.monotonic)
     """When the request was handed to the engine (its queue time starts here)."""
+    window: WindowSpec | None = None
+    """Attend with sinks and a sliding window (`adapters.local.window`); None: to every token."""
 
 
 class Status(enum.Enum):
@@ -104,6 +107,7 @@ class Sequence:
         "status",
         "text",
         "tokens",
+        "window",
     )
 
     def __init__(
@@ -129,6 +133,8 @@ class Sequence:
         """True for the group's first choice, which reports the group's cached tokens."""
         self.lock: RadixNode[int] | None = None
         """The radix node locked while this sequence uses the cached pages under it."""
+        self.window: WindowState | None = None
+        """Set by the scheduler for a windowed job: which tokens are kept, at which positions."""
         self.forks: list[Sequence] = []
         """Sibling choices waiting for this sequence's prompt KV."""
         self.status = Status.WAITING

@@ -1,0 +1,226 @@
+"""Sliding-window attention with sinks (`adapters.local.window`) against an independent reference.
+
+The reference is StreamingLLM written out plainly on the tiny model's HF-layout weights: raw keys
+kept per token, and for every token the kept set (the sinks, then the window) rotated at
+positions counted within that set, attended densely. The engine's scheduler and runner must give
+the same logits in fp32 while its window slides, prompts run blockwise, and pages go back to
+the pool.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adapters.local.config import LocalEngineConfig
+from adapters.local.kv_pool import KVPool
+from adapters.local.loader import LoadedModel
+from adapters.local.model import ForwardBatch, LlamaModel
+from adapters.local.prefix_cache import PrefixCache
+from adapters.local.runner import ModelRunner
+from adapters.local.sampling import SamplerState, SamplingParams
+from adapters.local.scheduler import Scheduler
+from adapters.local.sequence import GenerationJob, Sequence
+from adapters.local.text_stream import TextStream
+from adapters.local.window import WindowSpec
+from tests.adapters.local.tiny_gguf import HEAD_DIM, HEADS, KV_HEADS, LAYERS, write_tiny_gguf
+
+PAGE = 16
+SPEC = WindowSpec(sinks=4, size=64, overlap=16)
+
+
+class Reference:
+    """StreamingLLM, token by token, on the tiny model's HF weights (fp32, no paging, no chunks)."""
+
+    def __init__(self, hf: dict[str, np.ndarray]) -> None:
+        self.w = {name: torch.from_numpy(value.copy()) for name, value in hf.items()}
+        self.inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+        self.keys: list[list[torch.Tensor]] = [[] for _ in range(LAYERS)]  # raw (unrotated), per token
+        self.values: list[list[torch.Tensor]] = [[] for _ in range(LAYERS)]
+
+    def rope(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        angles = position * self.inv_freq
+        cos, sin = torch.cat([angles.cos()] * 2), torch.cat([angles.sin()] * 2)
+        half = HEAD_DIM // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.w[name]
+
+    def step(self, token: int, kept: list[int]) -> torch.Tensor:
+        """Logits of the next token; `kept`: indices of the tokens this one attends to (itself last)."""
+        w = self.w
+        x = w["token_embd.weight"][token]
+        index = len(self.keys[0])
+        assert kept[-1] == index
+        for layer in range(LAYERS):
+            p = f"blk.{layer}."
+            h = self.norm(x, p + "attn_norm.weight")
+            q = (w[p + "attn_q.weight"] @ h).view(HEADS, HEAD_DIM)
+            self.keys[layer].append((w[p + "attn_k.weight"] @ h).view(KV_HEADS, HEAD_DIM))
+            self.values[layer].append((w[p + "attn_v.weight"] @ h).view(KV_HEADS, HEAD_DIM))
+            q = self.rope(q, len(kept) - 1)
+            keys = torch.stack([self.rope(self.keys[layer][j], pos) for pos, j in enumerate(kept)])
+            values = torch.stack([self.values[layer][j] for j in kept])
+            group = HEADS // KV_HEADS
+            out = []
+            for head in range(HEADS):
+                scores = keys[:, head // group] @ q[head] / math.sqrt(HEAD_DIM)
+                out.append(torch.softmax(scores, 0) @ values[:, head // group])
+            x = x + w[p + "attn_output.weight"] @ torch.cat(out)
+            h = self.norm(x, p + "ffn_norm.weight")
+            gate = F.silu(w[p + "ffn_gate.weight"] @ h) * (w[p + "ffn_up.weight"] @ h)
+            x = x + w[p + "ffn_down.weight"] @ gate
+        return w["token_embd.weight"] @ self.norm(x, "output_norm.weight")
+
+
+def kept_tokens(spec: WindowSpec, start: int, index: int) -> list[int]:
+    """The sinks and the window `[start, index]`."""
+    return [*range(min(spec.sinks, index + 1)), *range(start, index + 1)]
+
+
+def slid(spec: WindowSpec, start: int, computed: int, incoming: int, keep: int) -> int:
+    """The spec's rule, written out: the window's start moves a page at a time (to the next page
+    boundary; the first time past the sinks' page too, whose tail it hides) while the window and
+    the incoming tokens exceed `size` and `keep` tokens remain."""
+    while computed - start + incoming > spec.size:
+        nxt = max(start // PAGE + 1, -(-spec.sinks // PAGE) + 1) * PAGE
+        if nxt > computed or computed - nxt < keep:
+            break
+        start = nxt
+    return start
+
+
+class Spy:
+    """The model, recording the highest RoPE position of every step."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.inner = model
+        self.positions: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        self.positions.append(int(batch.positions.max()))
+        return self.inner.forward(batch, pool)
+
+
+class Harness:
+    """One windowed sequence through the real scheduler and runner, its tokens forced."""
+
+    def __init__(self, loaded: LoadedModel, prompt: list[int], chunk: int, pages: int = 64) -> None:
+        self.pool = KVPool(loaded.spec, pages, PAGE, torch.float32)
+        cache = PrefixCache(self.pool, enabled=True, max_cached_tokens=None, policy="lru")
+        self.scheduler = Scheduler(
+            self.pool, cache, max_running=4, max_prefill_tokens=chunk, max_idle_prefill_tokens=chunk
+        )
+        self.spy = Spy(loaded.model)
+        self.runner = ModelRunner(cast(LlamaModel, self.spy), self.pool)
+        params = SamplingParams(max_tokens=1)
+        job = GenerationJob(job_id=1, groups=[], params=params, salt="", sink=lambda _: None, window=SPEC)
+        sampler = SamplerState(params, loaded.spec.vocab_size, prompt, 0)
+        self.seq = Sequence(job, prompt, 0, sampler, TextStream(loaded.tokenizer, ()))
+        self.scheduler.add(self.seq)
+        self.chunks: list[int] = []
+
+    def step(self) -> torch.Tensor | None:
+        """Run one step; the logits when the sequence sampled."""
+        step = self.scheduler.schedule()
+        self.chunks += [chunk for _, chunk in step.prefills]
+        out = self.runner.run(step)
+        return out.logits[0] if out.sampled else None
+
+
+@pytest.fixture(scope="module")
+def hf_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    return write_tiny_gguf(Path(tmp_path_factory.mktemp("tinyw")) / "tiny.gguf")
+
+
+def test_decode_far_past_the_window_equals_dense_attention_over_the_kept_tokens(
+    tiny_model: tuple[LocalEngineConfig, LoadedModel], hf_weights: dict[str, np.ndarray]
+) -> None:
+    _, loaded = tiny_model
+    rng = random.Random(3)
+    tokens = [rng.randrange(3, 262) for _ in range(300)]
+    prompt = tokens[:40]
+    engine = Harness(loaded, prompt, chunk=512)
+    reference = Reference(hf_weights)
+    start = SPEC.sinks
+    for index in range(len(prompt) - 1):
+        reference.step(tokens[index], list(range(index + 1)))
+    peak_pages = 0
+    for index in range(len(prompt) - 1, len(tokens) - 1):
+        start = slid(SPEC, start, index, 1, keep=0)
+        expected = reference.step(tokens[index], kept_tokens(SPEC, start, index))
+        got = engine.step()
+        assert got is not None
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+        engine.seq.tokens.append(tokens[index + 1])
+        peak_pages = max(peak_pages, engine.pool.usage().used_pages)
+    assert start > 200  # the window slid far
+    assert max(engine.spy.positions) < SPEC.sinks + SPEC.size
+    assert engine.scheduler.window_slid_pages >= (start - PAGE) // PAGE
+    assert len(engine.seq.pages) <= SPEC.max_pages(PAGE)
+    # The prompt's first pages stay cached for reuse; the sequence itself holds a bounded few.
+    assert peak_pages <= SPEC.max_pages(PAGE) + len(prompt) // PAGE
+
+
+def test_a_long_prompt_runs_blockwise_and_equals_the_reference(
+    tiny_model: tuple[LocalEngineConfig, LoadedModel], hf_weights: dict[str, np.ndarray]
+) -> None:
+    """Each chunk attends to the sinks, the window before it (at least `carry` tokens) and itself."""
+    _, loaded = tiny_model
+    rng = random.Random(4)
+    prompt = [rng.randrange(3, 262) for _ in range(330)]
+    engine = Harness(loaded, prompt, chunk=48, pages=12)
+    logits = None
+    while logits is None:
+        logits = engine.step()
+    reference = Reference(hf_weights)
+    start, done = SPEC.sinks, 0
+    for chunk in engine.chunks:
+        start = slid(SPEC, start, done, chunk, keep=SPEC.carry)
+        assert done - start >= min(SPEC.carry, done - SPEC.sinks)  # the context carried over
+        assert done - start + chunk <= SPEC.size
+        for index in range(done, done + chunk):
+            expected = reference.step(prompt[index], kept_tokens(SPEC, start, index))
+        done += chunk
+    assert done == len(prompt) and len(engine.chunks) > 6
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
+    assert max(engine.spy.positions) < SPEC.sinks + SPEC.size
+    assert engine.pool.usage().used_pages <= SPEC.max_pages(PAGE)  # 12 pages hold a 330-token prompt
+
+
+def test_shifted_keys_equal_keys_rotated_at_the_new_position(
+    tiny_model: tuple[LocalEngineConfig, LoadedModel],
+) -> None:
+    _, loaded = tiny_model
+    model = loaded.model
+    pool = KVPool(loaded.spec, 4, PAGE, torch.float32)
+    raw = torch.randn(LAYERS, PAGE, KV_HEADS, HEAD_DIM)
+    reference = Reference({})
+    at = [reference.rope(raw[:, i], 300 + i) for i in range(PAGE)]
+    pool.k[:, 2] = torch.stack(at, dim=1)
+    model.shift_keys(pool, [2], 172)
+    moved = torch.stack([reference.rope(raw[:, i], 128 + i) for i in range(PAGE)], dim=1)
+    torch.testing.assert_close(pool.k[:, 2], moved, rtol=0, atol=1e-5)
+
+
+def test_window_settings_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="window_size"):
+        WindowSpec(sinks=4, size=32).check(PAGE, 512)
+    with pytest.raises(ValueError, match="window_overlap"):
+        WindowSpec(sinks=4, size=64, overlap=64).check(PAGE, 512)
+    with pytest.raises(ValueError, match="context"):
+        WindowSpec(sinks=4, size=1024).check(PAGE, 512)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        WindowSpec(sinks=0, size=64).check(PAGE, 512)
