@@ -107,6 +107,7 @@ class Pipeline:
             request_id(call.client_request_id),
             tenant.id,
             tenant.cache_salt,
+            sliding_window=call.cached.sliding_window if call.cached is not None else None,
         )
         headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode()), *admission.headers]
         spent = Spent()

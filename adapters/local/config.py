@@ -44,6 +44,8 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 # bounds that overhead at 300 MB, of which importing torch alone takes ~220 MB.
 DEFAULT_MAX_IDLE_PREFILL_TOKENS = 512
 DEFAULT_EVICTION_POLICY: EvictionPolicy = "lru"
+WINDOW_KEYS = frozenset({"sliding_window", "window_size", "window_sink_tokens", "window_overlap"})
+"""`LocalEngineConfig` fields the gateway sets from `[sliding_window]` (refused in `[local_engine]`)."""
 DEFAULT_SINK_TOKENS = 4
 """StreamingLLM's four attention sinks: the first tokens, which attention leans on whatever they say."""
 DEFAULT_WINDOW_SIZE = 1024

@@ -70,6 +70,16 @@ class EngineStats:
     """Nodes of the prefix cache's radix tree (distinct cached prefix segments)."""
     kv_bytes_per_token: int
     """K and V bytes of one token, every layer."""
+    window_hits: int = 0
+    """Windowed prompts whose kept cache started from cached pages, since start."""
+    window_misses: int = 0
+    """Windowed prompts that computed their kept cache from scratch, since start."""
+    window_slid_pages: int = 0
+    """Pages that slid out of windows and went back to the pool (or the cache), since start."""
+    window_pages: int = 0
+    """Pages running windowed sequences hold now."""
+    window_capacity_pages: int = 0
+    """The most pages those sequences may hold (sinks, full windows, one page each being filled)."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -321,6 +331,7 @@ class EngineCore:
 
     def _snapshot(self) -> EngineStats:
         pool = self.runner.pool
+        window_pages, window_capacity = self.scheduler.window_pages()
         return EngineStats(
             page_size=pool.page_size,
             pool_pages_total=pool.num_pages,
@@ -339,4 +350,9 @@ class EngineCore:
             inter_token_latency=self._inter_token.figures(),
             cache_nodes=self.cache.node_count,
             kv_bytes_per_token=pool.page_nbytes // pool.page_size,
+            window_hits=self.scheduler.window_hits,
+            window_misses=self.scheduler.window_misses,
+            window_slid_pages=self.scheduler.window_slid_pages,
+            window_pages=window_pages,
+            window_capacity_pages=window_capacity,
         )

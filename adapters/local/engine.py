@@ -60,8 +60,9 @@ class _Loaded:
     tokenizer: TextTokenizer
     template: ChatTemplate
     limits: EngineLimits
-    window: WindowSpec
-    """The window windowed requests attend with (checked against the model at load)."""
+    window: WindowSpec | None
+    """The window windowed requests attend with; None where it does not fit this model (`window_error`)."""
+    window_error: str = ""
     offload: KVOffload | None = None
 
     def stop(self, flush_s: float) -> None:
@@ -128,8 +129,16 @@ class LocalEngine:
             self._model = load_model(cfg)
         loaded = self._model
         spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
-        window = WindowSpec(sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap)
-        window.check(cfg.page_size, spec.context_length)
+        window: WindowSpec | None = WindowSpec(
+            sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap
+        )
+        window_error = ""
+        try:
+            window.check(cfg.page_size, spec.context_length)  # type: ignore[union-attr]
+        except ValueError as exc:
+            if cfg.sliding_window:
+                raise
+            window, window_error = None, str(exc)  # only requests that ask for one are refused
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         num_pages = cfg.kv_budget_tokens // cfg.page_size
@@ -179,7 +188,7 @@ class LocalEngine:
             pool_tokens=num_pages * cfg.page_size,
             page_size=cfg.page_size,
             max_n=cfg.max_running,
-            window_pages=window.max_pages(cfg.page_size),
+            window_pages=window.max_pages(cfg.page_size) if window is not None else 0,
         )
         return _Loaded(
             core=core,
@@ -187,6 +196,7 @@ class LocalEngine:
             template=loaded.template,
             limits=limits,
             window=window,
+            window_error=window_error,
             offload=offload,
         )
 
@@ -218,7 +228,7 @@ class LocalEngine:
         `sliding_window`: attend with the configured window (None: the engine's default)."""
         await self.start()
         loaded = self._require()
-        windowed = self.config.sliding_window if sliding_window is None else sliding_window
+        windowed = self._windowed(sliding_window)
         if not prompt or (not windowed and len(prompt) + params.max_tokens > loaded.limits.max_context):
             raise InvalidRequest("the prompt plus max_tokens must fit the model's context", param="prompt")
         if not 1 <= n <= loaded.limits.max_n:
@@ -319,10 +329,22 @@ class LocalEngine:
             raise EngineError("the local engine is not started")
         return self._loaded
 
+    def _windowed(self, asked: bool | None) -> bool:
+        """Whether a request attends with the sliding window; InvalidRequest when it asks for one
+        this engine cannot run."""
+        loaded = self._require()
+        windowed = self.config.sliding_window if asked is None else asked
+        if windowed and loaded.window is None:
+            raise InvalidRequest(
+                f"sliding-window attention is not available here: {loaded.window_error}",
+                param="enable_sliding_window",
+            )
+        return windowed
+
     def _prepare(self, request: EngineRequest) -> tuple[PreparedRequest, ResponseWriter, bool]:
         loaded = self._require()
         params = request.params
-        windowed = self.config.sliding_window if request.sliding_window is None else request.sliding_window
+        windowed = self._windowed(request.sliding_window)
         prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits, windowed=windowed)
         options = params.stream_options
         writer = ResponseWriter(

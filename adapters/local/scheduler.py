@@ -74,6 +74,10 @@ class Scheduler:
         self.preemptions = 0
         self.window_slid_pages = 0
         """Pages windowed sequences slid out of their windows (released), since start."""
+        self.window_hits = 0
+        """Windowed prompts whose kept cache started from cached pages (a window reused), since start."""
+        self.window_misses = 0
+        """Windowed prompts that computed their kept cache from the first token, since start."""
         self._rotations: list[tuple[Sequence, list[int], int]] = []  # this step's, by sequence
         self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
         """Seconds from submission to first admission, per request."""
@@ -149,6 +153,15 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
 
+    def window_pages(self) -> tuple[int, int]:
+        """(pages windowed running sequences hold, the most they may hold): the window's footprint."""
+        held = capacity = 0
+        for seq in self.running:
+            if seq.window is not None:
+                held += len(seq.pages)
+                capacity += seq.window.spec.max_pages(self.page_size)
+        return held, capacity
+
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """The runner computed `step` in `seconds`: the prefill speed the KV offload weighs loads by."""
         self.cache.observe_prefill(sum(chunk for _, chunk in step.prefills), seconds)
@@ -186,6 +199,9 @@ class Scheduler:
         if seq.output_len == 0:
             seq.cached_tokens = hit.tokens
             self.cache.record(seq.prompt_len, hit.tokens)
+            if window is not None:
+                self.window_hits += hit.tokens > 0
+                self.window_misses += hit.tokens == 0
         self._start(seq)
         return True
 

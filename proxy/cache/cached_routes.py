@@ -5,7 +5,9 @@ A cached endpoint is the plain OpenAI route with the seed's extras:
 - request extras, removed before the body goes upstream: `enable_caching` (false: bypass the
   response cache), `cache_key` (a label: opts a sampled request into the response cache and
   partitions entries), `request_id` (becomes the request's `x-request-id`), `enable_speculation`
-  and `enable_sliding_window` (accepted and validated; neither feature exists, so they change nothing);
+  (accepted and validated; the feature does not exist, so it changes nothing) and
+  `enable_sliding_window` (the embedded engine attends with its sliding window, or not; absent: the
+  `[sliding_window] enabled` default);
 - response extras: `usage.cached_tokens`, `cache_stats`, `performance`, `request_id`. A JSON answer
   carries them at the top level; a stream gets one extra chunk with no choices just before `[DONE]`.
 
@@ -16,8 +18,9 @@ the body on the way in and decorates the answer on the way out.
 Meanings (the seed leaves them open): `usage.cached_tokens` is the prompt tokens not computed for
 this answer (all of them on a response-cache hit, else the engine's reported prefix-cache tokens);
 `cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
-`prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits` and
-`window_reuse` are 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
+`prefix_matches` is 1 when the engine reused a cached prefix for this request; `window_reuse` is 1
+when the request asked for the sliding window (`enable_sliding_window: true`) and its kept cache
+started from cached pages; `speculation_hits` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
 replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
 response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
 `total_time_ms` (null when the answer reports no usage).
@@ -54,7 +57,7 @@ class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     enable_caching: bool = True
     enable_speculation: bool = False
-    enable_sliding_window: bool = False
+    enable_sliding_window: bool | None = None
     cache_key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_KEY)] | None = None
     request_id: (
         Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_REQUEST_ID, pattern=PRINTABLE_ASCII)]
@@ -77,7 +80,11 @@ def cached_handlers(pipeline: Pipeline, max_body_bytes: int) -> list[ASGIRouteHa
             return
         extras, body = split_extras(request.body)
         request_id = extras.request_id.encode() if extras.request_id is not None else request.request_id
-        cached = CachedCall(enable_caching=extras.enable_caching, label=extras.cache_key)
+        cached = CachedCall(
+            enable_caching=extras.enable_caching,
+            label=extras.cache_key,
+            sliding_window=extras.enable_sliding_window,
+        )
         call = GenerationCall(operation, body, request.tenant, request_id, request.cache_control, cached)
         await answer(
             pipeline,

@@ -119,9 +119,12 @@ class SpeculativeSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkn
 
 
 class SlidingWindowSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[sliding_window]`: validated and reported in `/v1/cache/stats`; sliding-window attention is not
-    built."""
+    """`[sliding_window]`: the embedded engine's sliding-window attention with attention sinks."""
 
+    enabled: bool | None = None
+    """Requests that do not say (`enable_sliding_window`) attend with the window; default false."""
+    sink_tokens: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    """First tokens every windowed token attends to (StreamingLLM's sinks); default 4."""
     window_size: WindowSize | None = None
     window_overlap: Annotated[int, msgspec.Meta(ge=0)] | None = None
     """Tokens two windows share; must be smaller than `window_size`."""

@@ -10,8 +10,10 @@ Rates are percentages (0-100), as in the seed. Field meanings where the seed lea
   `kv_pages` details each engine's page store (pages offloaded, loaded, skipped as slower to load
   than to recompute, rejected for another layout, and the speed estimates behind those choices).
 - `cache_manager.radix_tree`: see `proxy.cache.radix_stats`.
-- `speculation`, `sliding_window`: radixgate implements neither; `implemented: false`, every figure 0,
-  and the configured values from `[speculative]` / `[sliding_window]`.
+- `speculation`: radixgate does not implement it; `implemented: false`, every figure 0, and the
+  configured values from `[speculative]`.
+- `sliding_window`: the embedded engines' sliding windows (see `proxy.cache.window_stats`; rates in
+  percent) and the configured values from `[sliding_window]`.
 - `overall` has no `efficiency_score`: radixgate defines no such score, and a made-up figure would
   mislead. `background_tasks_active` is true while the warm file runs (trend samples are taken on
   requests). `warming` reports the warm file's progress (`proxy.cache.warm_file`).
@@ -31,9 +33,11 @@ from proxy.cache.counters import CacheCounters, CacheMonitor
 from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_pages_stats
 from proxy.cache.radix_stats import RadixTreeStats, percent, radix_stats
 from proxy.cache.warm_file import WarmProgress
+from proxy.cache.window_stats import window_totals
 from proxy.routing.pool import WorkerPool
 
 NOT_IMPLEMENTED = "radixgate does not implement this feature; the figures are zero, not measured"
+WINDOW_NOTE = "the embedded engines' windows; upstream engines report none"
 
 
 class TierStats(msgspec.Struct, kw_only=True):
@@ -99,8 +103,8 @@ class SpeculationStats(msgspec.Struct, kw_only=True):
 
 
 class SlidingWindowStats(msgspec.Struct, kw_only=True):
-    implemented: bool = False
-    note: str = NOT_IMPLEMENTED
+    implemented: bool = True
+    note: str = WINDOW_NOTE
     hits: int = 0
     misses: int = 0
     hit_rate: float = 0.0
@@ -204,7 +208,7 @@ def build_stats(
             response_cache=_response_cache(total, admission, enabled=enabled, shared=shared),
             radix_tree=radix,
             speculation=SpeculationStats(configured=config.speculative),
-            sliding_window=SlidingWindowStats(configured=config.sliding_window),
+            sliding_window=_sliding_window(router, config.sliding_window),
         ),
         overall=OverallStats(
             hit_rate=percent(total.hit_rate),
@@ -272,4 +276,18 @@ def _response_cache(
         admission=admission.policy,
         admission_selective=admission.selective,
         hit_rate=percent(total.hit_rate),
+    )
+
+
+def _sliding_window(router: WorkerPool, configured: SlidingWindowConfig) -> SlidingWindowStats:
+    totals = window_totals(router)
+    lookups = totals.hits + totals.misses
+    return SlidingWindowStats(
+        hits=totals.hits,
+        misses=totals.misses,
+        hit_rate=percent(totals.hits / lookups) if lookups else 0.0,
+        memory_bytes=totals.memory_bytes,
+        evictions=totals.evictions,
+        utilization=percent(totals.utilization),
+        configured=configured,
     )

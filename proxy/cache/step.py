@@ -60,6 +60,8 @@ class CachedCall:
     enable_caching: bool = True
     label: str | None = None
     """The request's `cache_key`: opts a sampled request in and partitions entries."""
+    sliding_window: bool | None = None
+    """The request's `enable_sliding_window` (None: the engine's default); reaches the engine."""
     outcome: Outcome = "bypass"
     cache_started: float | None = None
     """`perf_counter()` when the lookup began (None when there was none)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 from adapters.local.config import LocalEngineConfig
 from adapters.local.kv_pool import KVPool
-from adapters.local.loader import LoadedModel
+from adapters.local.loader import LoadedModel, load_model
 from adapters.local.model import ForwardBatch, LlamaModel
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner
@@ -30,6 +31,7 @@ from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import GenerationJob, Sequence
 from adapters.local.text_stream import TextStream
 from adapters.local.window import WindowSpec
+from tests.adapters.local.conftest import TEST_CONFIG
 from tests.adapters.local.tiny_gguf import HEAD_DIM, HEADS, KV_HEADS, LAYERS, write_tiny_gguf
 
 PAGE = 16
@@ -224,3 +226,28 @@ def test_window_settings_that_cannot_work_are_refused() -> None:
         WindowSpec(sinks=4, size=1024).check(PAGE, 512)
     with pytest.raises(ValueError, match="sink_tokens"):
         WindowSpec(sinks=0, size=64).check(PAGE, 512)
+
+
+def test_the_c_kernels_attend_the_window_as_torch_does(loaded: LoadedModel) -> None:
+    """The C kernels' attention (the default where they build) and torch's (every other host) over
+    the same sliding window, prompt blockwise and decode far past the window: the same logits."""
+    if not loaded.model.attends_in_kernel:
+        pytest.skip("the C kernels do not build on this host; torch's path is the one tested above")
+    stock = load_model(replace(TEST_CONFIG, c_kernels=False, decode_weights="fp32"))
+    assert not stock.model.attends_in_kernel
+    rng = random.Random(5)
+    tokens = [rng.randrange(100, 40000) for _ in range(260)]
+    runs = [Harness(model, tokens[:150], chunk=48, pages=16) for model in (loaded, stock)]
+    compared = 0
+    for index in range(150, len(tokens)):
+        outs = [harness.step() for harness in runs]
+        while outs[0] is None:
+            outs = [harness.step() for harness in runs]
+        a, b = outs
+        assert a is not None and b is not None
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-3)
+        compared += 1
+        for harness in runs:
+            harness.seq.tokens.append(tokens[index])
+    assert compared == 110 and runs[0].scheduler.window_slid_pages > 10
+    assert max(runs[0].spy.positions) < SPEC.sinks + SPEC.size

@@ -1,0 +1,77 @@
+"""A conversation past SmolLM2's 8,192-token context, through the openai SDK and the real gateway:
+refused without the sliding window, served with it (`enable_sliding_window` on `/v1/cached/*`),
+and the window's figures in `/v1/cache/stats`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from adapters.local import LocalEngine, LocalEngineConfig
+from proxy.app import create_app
+from proxy.cache.settings import SlidingWindowSettings
+from proxy.routing.from_settings import build_pool
+from proxy.settings import Settings
+from tests.gateway_server import GatewayServer
+
+pytestmark = pytest.mark.slow
+
+ENGINE = LocalEngineConfig(threads=1, kv_budget_tokens=4096, max_running=2)
+WINDOW = SlidingWindowSettings(window_size=256, window_overlap=32, sink_tokens=4)
+CONTEXT = 8192
+
+
+def long_history() -> str:
+    """About 9,000 tokens of deterministic text (a ship log), longer than the model's context."""
+    return " ".join(f"Ship {i} passed the lighthouse at dawn, carrying {i % 7 + 2} crates." for i in range(720))
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[GatewayServer, LocalEngine]]:
+    settings = Settings(local_engine=ENGINE, sliding_window=WINDOW)
+    pool = build_pool(settings)
+    engine = pool.workers()[0].engine
+    assert isinstance(engine, LocalEngine)
+    server = GatewayServer(create_app(settings, router=pool)).start()
+    yield server, engine
+    server.stop()
+
+
+def messages() -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a harbour clerk."},
+        {"role": "user", "content": long_history()},
+        {"role": "user", "content": "Which building did the ships pass?"},
+    ]
+
+
+def test_past_the_context_refused_without_the_window_served_with_it(
+    served: tuple[GatewayServer, LocalEngine],
+) -> None:
+    server, engine = served
+    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600) as plain:
+        with pytest.raises(openai.BadRequestError) as refused:
+            plain.chat.completions.create(model=ENGINE.model_id, messages=messages(), max_tokens=8)  # type: ignore[arg-type]
+    assert refused.value.code == "context_length_exceeded"
+    with openai.OpenAI(base_url=f"{server.url}/cached", api_key="unused", max_retries=0, timeout=600) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=ENGINE.model_id,
+            messages=messages(),  # type: ignore[arg-type]
+            max_tokens=300,
+            temperature=0,
+            extra_body={"enable_sliding_window": True},
+        )
+    answer = raw.parse()
+    assert answer.usage is not None and answer.usage.prompt_tokens > CONTEXT
+    assert answer.choices[0].message.content
+    assert "window_reuse" in raw.http_response.json()["cache_stats"]
+    # Decoding ran past the window (256): its pages slid out, and none are held once it finished.
+    stats = httpx.get(f"{server.url}/cache/stats", timeout=10).json()["cache_manager"]["sliding_window"]
+    assert stats["implemented"] is True and stats["misses"] >= 1
+    assert stats["evictions"] > (answer.usage.prompt_tokens - 300) // ENGINE.page_size
+    assert stats["memory_bytes"] == 0 and stats["configured"]["sink_tokens"] == 4
+    figures = engine.stats()
+    assert figures is not None and figures.window_pages == 0 and figures.active_pages == 0
