@@ -300,7 +300,9 @@ class EngineCore:
             delta.text, stopped = seq.text.push(token)
             if stopped:
                 reason = "stop"
-            elif seq.output_len >= params.max_tokens or (seq.window is None and len(seq.tokens) >= self.max_context):
+            elif seq.output_len >= params.max_tokens or (
+                seq.window is None and len(seq.tokens) >= self.max_context
+            ):
                 reason = "length"
                 delta.text += seq.text.finish()
         if reason is not None:

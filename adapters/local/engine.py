@@ -129,12 +129,11 @@ class LocalEngine:
             self._model = load_model(cfg)
         loaded = self._model
         spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
-        window: WindowSpec | None = WindowSpec(
-            sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap
-        )
+        configured = WindowSpec(sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap)
+        window: WindowSpec | None = configured
         window_error = ""
         try:
-            window.check(cfg.page_size, spec.context_length)  # type: ignore[union-attr]
+            configured.check(cfg.page_size, spec.context_length)
         except ValueError as exc:
             if cfg.sliding_window:
                 raise

@@ -182,7 +182,9 @@ class Scheduler:
             self.pool.release(hit.pages)
             return False
         # A windowed sequence takes pages for its first chunk only (`_chunk` adds the rest).
-        upto = len(seq.tokens) if window is None else min(len(seq.tokens), hit.tokens + window.room(hit.tokens))
+        upto = (
+            len(seq.tokens) if window is None else min(len(seq.tokens), hit.tokens + window.room(hit.tokens))
+        )
         need = max(0, -(-upto // self.page_size) - len(hit.pages))
         partial = seq.prompt_len % self.page_size != 0 and seq.output_len == 0
         extra = len(seq.forks) if partial else 0

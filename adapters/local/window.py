@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from adapters.local.attention import PageRun, page_runs
 from adapters.local.config import DEFAULT_SINK_TOKENS, DEFAULT_WINDOW_OVERLAP, DEFAULT_WINDOW_SIZE
+
 MIN_WINDOW_PAGES = 4
 """A window must hold at least this many pages: one slides out while the others carry the context."""
 

@@ -20,10 +20,11 @@ this answer (all of them on a response-cache hit, else the engine's reported pre
 `cache_stats.cache_hits`/`cache_misses`/`hit_rate` are the caller's tenant's response-cache counters;
 `prefix_matches` is 1 when the engine reused a cached prefix for this request; `window_reuse` is 1
 when the request asked for the sliding window (`enable_sliding_window: true`) and its kept cache
-started from cached pages; `speculation_hits` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
-replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
-response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
-`total_time_ms` (null when the answer reports no usage).
+started from cached pages; `speculation_hits` is 0 (not implemented). `performance.cache_time_ms`
+is the lookup (and on a hit the replay), `inference_time_ms` the engine's part,
+`memory_usage_bytes` the size of this answer's response-cache entry (0 when bypassed),
+`tokens_per_second` completion tokens per second of `total_time_ms` (null when the answer reports
+no usage).
 """
 
 from __future__ import annotations

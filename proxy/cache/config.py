@@ -131,7 +131,7 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowConfig:
-    """`[sliding_window]`: the embedded engine's sliding-window attention with sinks (`adapters.local.window`)."""
+    """`[sliding_window]`: the embedded engine's sinks plus sliding window (`adapters.local.window`)."""
 
     window_size: int
     window_overlap: int

@@ -12,9 +12,9 @@
     eviction_policy = "Adaptive"
 
 Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
-take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]` and
-`[sliding_window]` are parsed and validated, but radixgate implements neither feature: `/v1/cache/stats`
-says so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
+take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]` is parsed and
+validated, but radixgate does not implement it: `/v1/cache/stats` says so. `[sliding_window]`
+configures the embedded engine's sliding-window attention (`adapters.local.window`). `check_cache_settings` catches what msgspec's per-field constraints cannot.
 """
 
 from __future__ import annotations
@@ -153,6 +153,10 @@ def check_cache_settings(
     if policy is not None and policy.lower() not in POLICY_NAMES:
         raise CacheSettingsError(
             "kv_cache.eviction_policy", f"expected one of {', '.join(POLICY_NAMES)}, got {policy!r}"
+        )
+    if sliding_window.use_flash_attention is False:
+        raise CacheSettingsError(
+            "sliding_window.use_flash_attention", "attention is always blockwise (flash); false is not supported"
         )
     overlap = sliding_window.window_overlap
     if overlap is not None and overlap >= window_size:

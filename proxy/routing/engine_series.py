@@ -85,7 +85,11 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
         "Prompt tokens looked up in the prefix cache.",
         lambda f: f.cache_query_tokens,
     ),
-    ("engine_window_hits", "Windowed prompts whose kept cache started from cached pages.", lambda f: f.window_hits),
+    (
+        "engine_window_hits",
+        "Windowed prompts whose kept cache started from cached pages.",
+        lambda f: f.window_hits,
+    ),
     ("engine_window_misses", "Windowed prompts that computed their kept cache.", lambda f: f.window_misses),
     (
         "engine_window_evicted_pages",

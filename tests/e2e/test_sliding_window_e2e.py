@@ -26,7 +26,9 @@ CONTEXT = 8192
 
 def long_history() -> str:
     """About 9,000 tokens of deterministic text (a ship log), longer than the model's context."""
-    return " ".join(f"Ship {i} passed the lighthouse at dawn, carrying {i % 7 + 2} crates." for i in range(720))
+    return " ".join(
+        f"Ship {i} passed the lighthouse at dawn, carrying {i % 7 + 2} crates." for i in range(720)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +54,9 @@ def test_past_the_context_refused_without_the_window_served_with_it(
     served: tuple[GatewayServer, LocalEngine],
 ) -> None:
     server, engine = served
-    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600) as plain:
-        with pytest.raises(openai.BadRequestError) as refused:
-            plain.chat.completions.create(model=ENGINE.model_id, messages=messages(), max_tokens=8)  # type: ignore[arg-type]
+    plain = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+    with plain, pytest.raises(openai.BadRequestError) as refused:
+        plain.chat.completions.create(model=ENGINE.model_id, messages=messages(), max_tokens=8)  # type: ignore[arg-type]
     assert refused.value.code == "context_length_exceeded"
     with openai.OpenAI(base_url=f"{server.url}/cached", api_key="unused", max_retries=0, timeout=600) as sdk:
         raw = sdk.chat.completions.with_raw_response.create(
