@@ -239,7 +239,7 @@ class EngineCore:
                 if leader is None:
                     leader = seq
                     seq.reports_cache = True
-                    self.scheduler.add(seq)
+                    self.scheduler.add(seq, group.carry)
                 else:
                     leader.forks.append(seq)
         self._jobs[job.job_id] = seqs

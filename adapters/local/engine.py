@@ -129,7 +129,9 @@ class LocalEngine:
             self._model = load_model(cfg)
         loaded = self._model
         spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
-        configured = WindowSpec(sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap)
+        configured = WindowSpec(
+            sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap
+        )
         window: WindowSpec | None = configured
         window_error = ""
         try:
@@ -188,6 +190,7 @@ class LocalEngine:
             page_size=cfg.page_size,
             max_n=cfg.max_running,
             window_pages=window.max_pages(cfg.page_size) if window is not None else 0,
+            window_size=window.size if window is not None else 0,
         )
         return _Loaded(
             core=core,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.errors import InvalidRequest
+from adapters.local.carry import carry_spans
 from adapters.local.chat_template import ChatTemplate
 from adapters.local.sampling import SamplingParams
 from adapters.local.sequence import PromptGroup
@@ -30,6 +31,8 @@ class EngineLimits:
     max_n: int
     window_pages: int = 0
     """Most pages one windowed sequence holds (sinks, window and the page being filled); 0: no window."""
+    window_size: int = 0
+    """The window's tokens (W); a chat's carried spans may take up to half of it each."""
 
 
 @dataclass(slots=True)
@@ -67,6 +70,10 @@ def prepare(
         echo = [tokenizer.decode(p) for p in prompts] if params.echo else None
     groups = [PromptGroup(prompt=p, first_index=i * n, n=n) for i, p in enumerate(prompts)]
     if windowed:
+        if isinstance(params, ChatCompletionRequest):
+            groups[0].carry = carry_spans(
+                params.messages, prompts[0], tokenizer, template, limits.window_size
+            )
         return _windowed(params, prompts, groups, echo, limits)
     # Forks copy the prompt's partial last page, so n choices need up to n-1 extra pages.
     room = min(limits.max_context, limits.pool_tokens - (n - 1) * limits.page_size)
@@ -101,9 +108,15 @@ def _windowed(
     limits: EngineLimits,
 ) -> PreparedRequest:
     """`prepare`'s limits for a windowed request: bounded pages instead of a bounded length."""
-    if params.n * limits.window_pages * limits.page_size > limits.pool_tokens:
+    pages = limits.window_pages
+    carry = groups[0].carry
+    if carry is not None:  # the head and the pinned turn's pages (one more where it straddles)
+        pages += (
+            -(-carry.head // limits.page_size) + -(-(carry.pin_end - carry.pin_start) // limits.page_size) + 1
+        )
+    if params.n * pages * limits.page_size > limits.pool_tokens:
         raise InvalidRequest(
-            f"{params.n} windowed choices need {params.n * limits.window_pages} KV pages; the pool has "
+            f"{params.n} windowed choices need {params.n * pages} KV pages; the pool has "
             f"{limits.pool_tokens // limits.page_size}",
             param="n",
         )

@@ -32,7 +32,7 @@ from adapters.engine_stats import QUEUE_TIME_BUCKETS, LatencyHistogram
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
-from adapters.local.window import WindowState
+from adapters.local.window import Carry, WindowState
 
 _WAIT_FOR_TOKENS = 64
 """Prompt tokens a request must stand to gain before it waits a step for another's prefill."""
@@ -82,10 +82,11 @@ class Scheduler:
         self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
         """Seconds from submission to first admission, per request."""
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a group leader (its sibling choices ride in `seq.forks`)."""
+    def add(self, seq: Sequence, carry: Carry | None = None) -> None:
+        """Queue a group leader (its sibling choices ride in `seq.forks`); `carry`: what of a
+        windowed prompt its window never cuts."""
         if seq.job.window is not None:
-            seq.window = WindowState(seq.job.window, self.page_size)
+            seq.window = WindowState(seq.job.window, self.page_size, carry)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -175,7 +176,11 @@ class Scheduler:
     def _admit(self, seq: Sequence) -> bool:
         window = seq.window
         # A windowed sequence reuses at most what it would compute before its first slide.
-        lookup = len(seq.tokens) - 1 if window is None else min(len(seq.tokens) - 1, window.spec.max_position)
+        lookup = (
+            len(seq.tokens) - 1
+            if window is None
+            else min(len(seq.tokens) - 1, window.sinks + window.spec.size)
+        )
         hit = self.cache.match(seq.salt, seq.tokens[:lookup])
         if self._worth_waiting(seq, hit.tokens):
             self.cache.unlock(hit.node)
@@ -276,12 +281,11 @@ class Scheduler:
         False, with nothing changed, when the pool has no pages for the copies."""
         window = seq.window
         assert window is not None
-        count = window.pages_to_drop(seq.num_computed, incoming, keep)
+        count = window.pages_to_slide(seq.num_computed, incoming, keep)
         if count == 0:
             return True
-        first = window.sink_pages
-        held = window.held_pages(seq.num_computed)
-        shared = [i for i in range(first + count, held) if self.pool.refcount(seq.pages[i]) > 1]
+        plan = window.plan_slide(count, seq.num_computed)
+        shared = [i for i, _ in plan.rotations if self.pool.refcount(seq.pages[i]) > 1]
         copies = self._alloc(len(shared)) if shared else []
         if copies is None:
             return False
@@ -292,10 +296,13 @@ class Scheduler:
         if seq.lock is not None:  # the cached prefix is no longer this sequence's context
             self.cache.unlock(seq.lock)
             seq.lock = None
-        slide = window.slide(seq.pages, count)
-        self.pool.release(slide.released)
-        self.window_slid_pages += count
-        self._rotations.append((seq, seq.pages[first : held - count], slide.shift))
+        by_shift: dict[int, list[int]] = {}
+        for i, shift in plan.rotations:
+            by_shift.setdefault(shift, []).append(seq.pages[i])
+        released = window.commit(seq.pages, plan)
+        self.pool.release(released)
+        self.window_slid_pages += len(released)
+        self._rotations += [(seq, pages, shift) for shift, pages in by_shift.items()]
         return True
 
     def _alloc(self, count: int) -> list[int] | None:
@@ -320,7 +327,7 @@ class Scheduler:
     def _cache_progress(self, seq: Sequence) -> None:
         if not self.cache.enabled or seq.num_computed < self.page_size:
             return
-        if seq.window is not None and seq.window.dropped:
+        if seq.window is not None and seq.window.slid:
             return  # its pages no longer hold the prefix in order
         node = self.cache.insert(seq.salt, seq.tokens[: seq.num_computed], seq.pages)
         self.cache.lock(node)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from adapters.errors import EngineError
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
-from adapters.local.window import WindowSpec, WindowState
+from adapters.local.window import Carry, WindowSpec, WindowState
 from cachelayer.radix import RadixNode
 
 
@@ -59,6 +59,8 @@ class PromptGroup:
     prompt: list[int]
     first_index: int
     n: int
+    carry: Carry | None = None
+    """What of a windowed chat prompt its window never cuts (`adapters.local.carry`)."""
 
 
 @dataclass(slots=True)

@@ -50,11 +50,6 @@ class WindowSpec:
         """Window tokens a prefill chunk keeps before it: `overlap`, at most half the window."""
         return min(self.overlap, self.size // 2)
 
-    @property
-    def max_position(self) -> int:
-        """One past the highest RoPE position a windowed sequence ever uses."""
-        return self.sinks + self.size
-
     def max_pages(self, page_size: int) -> int:
         """Most pages one windowed sequence holds: its sink pages, a full window, one more."""
         return -(-self.sinks // page_size) + -(-self.size // page_size) + 1
@@ -68,79 +63,126 @@ class WindowSpec:
             raise ValueError(f"window_size must be at least {MIN_WINDOW_PAGES} pages ({least} tokens)")
         if not 0 <= self.overlap < self.size:
             raise ValueError("window_overlap must be >= 0 and smaller than window_size")
-        if self.max_position > context_length:
-            raise ValueError(f"sink_tokens + window_size must fit the model's context ({context_length})")
+        if self.sinks + 2 * (self.size + page_size) > context_length:
+            # A chat's carried system prompt and latest turn take up to half a window (and a page) each.
+            raise ValueError(
+                f"sink_tokens + twice window_size must fit the model's context ({context_length})"
+            )
+
+
+@dataclass(slots=True, frozen=True)
+class Carry:
+    """Spans of a chat prompt the window never cuts (`prepare.carry_spans` finds them)."""
+
+    head: int = 0
+    """Tokens from the first on kept with the sinks: the system prompt."""
+    pin_start: int = 0
+    pin_end: int = 0
+    """The latest user turn `[pin_start, pin_end)`, kept in whole pages once the window passes it."""
 
 
 @dataclass(slots=True)
-class Slide:
-    """What one slide of a window did: the pages it released and how far positions moved back."""
+class SlidePlan:
+    """What sliding `count` pages out of the window does, before it is done: page-table entries
+    released, and entries whose keys move back (`(index, shift)`, indices into the table as it is)."""
 
+    count: int
     released: list[int]
-    shift: int
+    rotations: list[tuple[int, int]]
 
 
 class WindowState:
-    """One sequence's window: which of its tokens are kept, where they live, their positions."""
+    """One sequence's window: which of its tokens are kept, where they live, their positions.
 
-    __slots__ = ("dropped", "page_size", "sink_pages", "spec")
+    The page table is the head's pages (sinks, or the system prompt, whichever is longer), then
+    the pinned pages (the latest user turn's, frozen as the window passes them), then the window's."""
 
-    def __init__(self, spec: WindowSpec, page_size: int) -> None:
+    __slots__ = ("head_pages", "moved", "page_size", "pin", "pinned", "sinks", "spec")
+
+    def __init__(self, spec: WindowSpec, page_size: int, carry: Carry | None = None) -> None:
         self.spec = spec
         self.page_size = page_size
-        self.sink_pages = -(-spec.sinks // page_size)
-        self.dropped = 0
-        """Window pages slid out so far."""
+        self.sinks = max(spec.sinks, carry.head if carry is not None else 0)
+        """Tokens kept from the first on (the sinks, widened to the system prompt)."""
+        self.head_pages = -(-self.sinks // page_size)
+        self.pin: tuple[int, int] | None = None
+        """Logical pages `[first, last]` of the latest user turn, kept whole."""
+        if carry is not None and carry.pin_end > carry.pin_start:
+            first = max(carry.pin_start // page_size, self.head_pages)
+            last = (carry.pin_end - 1) // page_size
+            self.pin = (first, last) if first <= last else None
+        self.moved = 0
+        """Logical pages that left the window (released, or frozen as pinned)."""
+        self.pinned = 0
+        """Pinned pages frozen so far (they sit in the table between the head and the window)."""
 
     def copy(self) -> WindowState:
         """The same window for a sibling choice that shares this sequence's pages."""
         twin = WindowState(self.spec, self.page_size)
-        twin.dropped = self.dropped
+        twin.sinks, twin.head_pages, twin.pin = self.sinks, self.head_pages, self.pin
+        twin.moved, twin.pinned = self.moved, self.pinned
         return twin
 
     def reset(self) -> None:
         """Back to nothing hidden (a preempted sequence recomputes from its first token)."""
-        self.dropped = 0
+        self.moved = self.pinned = 0
 
     @property
-    def shift(self) -> int:
-        """Tokens hidden between the sinks and the window (a window token's index minus its position)."""
-        if self.dropped == 0:
-            return 0
-        return (self.sink_pages + self.dropped) * self.page_size - self.spec.sinks
+    def slid(self) -> bool:
+        """True once the window has slid: the page table no longer holds the tokens in order."""
+        return self.moved > 0
 
     @property
     def start(self) -> int:
-        """Index of the window's first token (the sinks' end before any slide)."""
-        return self.spec.sinks + self.shift
+        """Index of the window's first token (the head's end before any slide)."""
+        return self.sinks if self.moved == 0 else (self.head_pages + self.moved) * self.page_size
+
+    @property
+    def shift(self) -> int:
+        """A window token's index minus its position (the tokens hidden before it)."""
+        if self.moved == 0:
+            return 0
+        return self.start - self.sinks - self.pinned * self.page_size
+
+    @property
+    def kept_tokens(self) -> int:
+        """Tokens kept outside the window (the head and the pinned pages)."""
+        return self.sinks + self.pinned * self.page_size
 
     def position(self, index: int) -> int:
-        """RoPE position of token `index` within the kept cache."""
-        return index if index < self.spec.sinks else index - self.shift
+        """RoPE position of token `index` (a head token, or one in the window) within the kept cache."""
+        return index if index < self.sinks else index - self.shift
 
     def page_index(self, index: int) -> int:
-        """Where in the sequence's page table token `index` lives (a kept token)."""
+        """Where in the page table token `index` (a head token, or one in the window) lives."""
         logical = index // self.page_size
-        return logical if logical < self.sink_pages else logical - self.dropped
+        if logical < self.head_pages:
+            return logical
+        return logical - self.moved + self.pinned
 
     def held_pages(self, tokens: int) -> int:
-        """Pages the page table needs for the first `tokens` tokens (those slid out excluded)."""
-        return -(-tokens // self.page_size) - self.dropped
+        """Page-table entries for the first `tokens` tokens (those slid out excluded)."""
+        return -(-tokens // self.page_size) - self.moved + self.pinned
 
     def visible_runs(self, pages: list[int], tokens: int) -> list[PageRun]:
-        """The kept part of the first `tokens` tokens, as runs of consecutive pages: sinks, then window."""
-        if self.dropped == 0:
-            return page_runs(pages, tokens, self.page_size)
-        sinks = page_runs(pages[: self.sink_pages], self.spec.sinks, self.page_size)
-        return sinks + page_runs(pages[self.sink_pages :], tokens - self.start, self.page_size)
+        """The kept part of the first `tokens` tokens as runs of consecutive pages: head, pinned, window."""
+        ps = self.page_size
+        if self.moved == 0:
+            return page_runs(pages, tokens, ps)
+        window = self.head_pages + self.pinned
+        return (
+            page_runs(pages[: self.head_pages], self.sinks, ps)
+            + page_runs(pages[self.head_pages : window], self.pinned * ps, ps)
+            + page_runs(pages[window:], tokens - self.start, ps)
+        )
 
-    def pages_to_drop(self, computed: int, incoming: int, keep: int) -> int:
+    def pages_to_slide(self, computed: int, incoming: int, keep: int) -> int:
         """Window pages to slide out before `incoming` tokens join `computed` ones, keeping at
         least `keep` window tokens: whole computed pages, oldest first."""
         count = 0
         start = self.start
         while computed - start + incoming > self.spec.size:
-            nxt = (self.sink_pages + self.dropped + count + 1) * self.page_size
+            nxt = (self.head_pages + self.moved + count + 1) * self.page_size
             if nxt > computed or computed - nxt < keep:
                 break
             start = nxt
@@ -151,12 +193,37 @@ class WindowState:
         """Tokens that may join the window now without another slide."""
         return self.spec.size - (computed - self.start)
 
-    def slide(self, pages: list[int], count: int) -> Slide:
-        """Slide `count` pages out of the window: remove them from `pages` (in place), return them
-        and the shift of every remaining window token's position."""
-        before = self.shift
-        first = self.sink_pages
-        released = pages[first : first + count]
-        del pages[first : first + count]
-        self.dropped += count
-        return Slide(released=released, shift=self.shift - before)
+    def plan_slide(self, count: int, computed: int) -> SlidePlan:
+        """What sliding `count` pages out does: the oldest window pages leave (released, or frozen
+        when they hold the latest user turn), and the keys of every kept page after the head whose
+        position changes move back. Pure; `commit` does it."""
+        ps = self.page_size
+        first = self.head_pages + self.pinned  # table index of the oldest window page
+        old_shift = self.shift
+        released: list[tuple[int, int]] = []
+        frozen: list[tuple[int, int]] = []
+        for k in range(count):
+            logical = self.head_pages + self.moved + k
+            pinned = self.pin is not None and self.pin[0] <= logical <= self.pin[1]
+            (frozen if pinned else released).append((first + k, logical))
+        new_pinned = self.pinned + len(frozen)
+        new_start = (self.head_pages + self.moved + count) * ps
+        new_shift = new_start - self.sinks - new_pinned * ps
+        rotations = []
+        for number, (index, logical) in enumerate(frozen):
+            # Frozen page `number` lands at position sinks + (pinned + number) pages.
+            shift = logical * ps - old_shift - (self.sinks + (self.pinned + number) * ps)
+            if shift:
+                rotations.append((index, shift))
+        held = self.held_pages(computed)
+        rotations += [(index, new_shift - old_shift) for index in range(first + count, held)]
+        return SlidePlan(count=count, released=[index for index, _ in released], rotations=rotations)
+
+    def commit(self, pages: list[int], plan: SlidePlan) -> list[int]:
+        """Do `plan` on `pages` (in place); the page ids released."""
+        released = [pages[index] for index in plan.released]
+        for index in reversed(plan.released):
+            del pages[index]
+        self.pinned += plan.count - len(plan.released)
+        self.moved += plan.count
+        return released

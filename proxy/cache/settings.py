@@ -14,7 +14,8 @@
 Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
 take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]` is parsed and
 validated, but radixgate does not implement it: `/v1/cache/stats` says so. `[sliding_window]`
-configures the embedded engine's sliding-window attention (`adapters.local.window`). `check_cache_settings` catches what msgspec's per-field constraints cannot.
+configures the embedded engine's sliding-window attention (`adapters.local.window`).
+`check_cache_settings` catches what msgspec's per-field constraints cannot.
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ def check_cache_settings(
         )
     if sliding_window.use_flash_attention is False:
         raise CacheSettingsError(
-            "sliding_window.use_flash_attention", "attention is always blockwise (flash); false is not supported"
+            "sliding_window.use_flash_attention",
+            "attention is always blockwise (flash); false is not supported",
         )
     overlap = sliding_window.window_overlap
     if overlap is not None and overlap >= window_size:

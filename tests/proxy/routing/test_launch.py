@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import SettingsError, load_settings
 from proxy.cache.config import local_engine_config
+from proxy.config import SettingsError, load_settings
 from proxy.routing.from_settings import child_worker_toml
 from proxy.routing.launch import SGLangLaunchSettings, local_worker_command, sglang_command
 from tests.e2e.routing_support import REPO
