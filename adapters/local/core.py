@@ -80,6 +80,8 @@ class EngineStats:
     """Pages running windowed sequences hold now."""
     window_capacity_pages: int = 0
     """The most pages those sequences may hold (sinks, full windows, one page each being filled)."""
+    window_kept_pages: int = 0
+    """Pages of finished windowed sequences' kept caches, held for reuse by their next turn."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -221,6 +223,7 @@ class EngineCore:
                     self.scheduler.finish(seq, keep_kv=False)
         if flushes:
             self.cache.clear()
+            self.scheduler.windows.kept.clear()
             self._publish_stats(force=True)
             for done in flushes:
                 done.set_result(None)
@@ -333,12 +336,16 @@ class EngineCore:
 
     def _snapshot(self) -> EngineStats:
         pool = self.runner.pool
-        window_pages, window_capacity = self.scheduler.window_pages()
+        windows = self.scheduler.windows
+        window_pages, window_capacity = windows.footprint(self.scheduler.running)
         return EngineStats(
             page_size=pool.page_size,
             pool_pages_total=pool.num_pages,
             pool_pages_free=pool.free_pages,
-            active_pages=pool.num_pages - pool.free_pages - self.cache.cached_only_pages(),
+            active_pages=pool.num_pages
+            - pool.free_pages
+            - self.cache.cached_only_pages()
+            - windows.kept.pages,
             cached_tokens=self.cache.cached_pages * pool.page_size,
             cache_hit_tokens=self.cache.hit_tokens,
             cache_query_tokens=self.cache.queried_tokens,
@@ -352,9 +359,10 @@ class EngineCore:
             inter_token_latency=self._inter_token.figures(),
             cache_nodes=self.cache.node_count,
             kv_bytes_per_token=pool.page_nbytes // pool.page_size,
-            window_hits=self.scheduler.window_hits,
-            window_misses=self.scheduler.window_misses,
-            window_slid_pages=self.scheduler.window_slid_pages,
+            window_hits=windows.hits,
+            window_misses=windows.misses,
+            window_slid_pages=windows.slid_pages,
+            window_kept_pages=windows.kept.pages,
             window_pages=window_pages,
             window_capacity_pages=window_capacity,
         )

@@ -14,9 +14,10 @@ Every step (nano-vllm's schedule -> run -> postprocess):
    this step. A request that shares a longer prefix with a sequence still prefilling than the
    cache holds waits for it (in-batch prefix sharing): next step that prefix is cached.
 
-A windowed sequence (`window`) slides before its work is scheduled: pages that fall out of its
-window go back to the pool, shared pages it must re-rotate are copied first, and the rotations
-ride on the step for the runner. Its pages are allocated chunk by chunk, never for the whole prompt.
+A windowed sequence (`window`) slides before its work is scheduled (`window_paging`): pages that
+fall out of its window go back to the pool, and the rotations its kept keys need ride on the
+step for the runner. Its pages are allocated chunk by chunk, never for the whole prompt, and a
+prompt that continues an earlier windowed conversation takes over that one's kept cache.
 
 The scheduler deals in page ids and token counts; tensors belong to the runner.
 """
@@ -33,6 +34,7 @@ from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
 from adapters.local.window import Carry, WindowState
+from adapters.local.window_paging import WindowPaging
 
 _WAIT_FOR_TOKENS = 64
 """Prompt tokens a request must stand to gain before it waits a step for another's prefill."""
@@ -72,13 +74,8 @@ class Scheduler:
         self._reserved: dict[int, list[int]] = {}  # seq_id -> pages set aside for its forks' copies
         self._order = itertools.count()
         self.preemptions = 0
-        self.window_slid_pages = 0
-        """Pages windowed sequences slid out of their windows (released), since start."""
-        self.window_hits = 0
-        """Windowed prompts whose kept cache started from cached pages (a window reused), since start."""
-        self.window_misses = 0
-        """Windowed prompts that computed their kept cache from the first token, since start."""
-        self._rotations: list[tuple[Sequence, list[int], int]] = []  # this step's, by sequence
+        self.windows = WindowPaging(pool, cache, self._alloc)
+        """Windowed sequences' slides, rotations and reuse, with their figures."""
         self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
         """Seconds from submission to first admission, per request."""
 
@@ -95,7 +92,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """Pick this step's work (possibly empty when the pool cannot admit anyone)."""
         step = ScheduledStep()
-        self._rotations = []
+        self.windows.begin_step()
         for seq in list(self.running):
             # Skips sequences preempted earlier in this loop.
             if seq.status is Status.RUNNING and not seq.in_prefill and self._ensure_slot(seq):
@@ -116,7 +113,7 @@ class Scheduler:
             budget -= chunk
             if chunk:
                 step.prefills.append((seq, chunk))
-        step.rotations = [(pages, shift) for _, pages, shift in self._rotations]
+        step.rotations = self.windows.rotations()
         return step
 
     def fork(self, leader: Sequence) -> list[Sequence]:
@@ -150,18 +147,10 @@ class Scheduler:
             self.waiting.remove(seq)
         if keep_kv:
             self._cache_progress(seq)
+            self.windows.keep(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
-
-    def window_pages(self) -> tuple[int, int]:
-        """(pages windowed running sequences hold, the most they may hold): the window's footprint."""
-        held = capacity = 0
-        for seq in self.running:
-            if seq.window is not None:
-                held += len(seq.pages)
-                capacity += seq.window.spec.max_pages(self.page_size)
-        return held, capacity
 
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """The runner computed `step` in `seconds`: the prefill speed the KV offload weighs loads by."""
@@ -186,6 +175,10 @@ class Scheduler:
             self.cache.unlock(hit.node)
             self.pool.release(hit.pages)
             return False
+        if window is not None and self.windows.resume(seq, hit.tokens):
+            self.cache.unlock(hit.node)
+            self.pool.release(hit.pages)
+            return self._admit_resumed(seq)
         # A windowed sequence takes pages for its first chunk only (`_chunk` adds the rest).
         upto = (
             len(seq.tokens) if window is None else min(len(seq.tokens), hit.tokens + window.room(hit.tokens))
@@ -207,8 +200,7 @@ class Scheduler:
             seq.cached_tokens = hit.tokens
             self.cache.record(seq.prompt_len, hit.tokens)
             if window is not None:
-                self.window_hits += hit.tokens > 0
-                self.window_misses += hit.tokens == 0
+                self.windows.admitted(seq, hit.tokens)
         self._start(seq)
         return True
 
@@ -233,7 +225,7 @@ class Scheduler:
     def _ensure_slot(self, seq: Sequence) -> bool:
         """Make sure `seq` has a page for its next token (its window slid first, when it has one);
         False if `seq` itself had to be preempted."""
-        while not (seq.window is None or self._slide(seq, 1, keep=0)):
+        while not (seq.window is None or self.windows.slide(seq, 1, keep=0)):
             if self._preempt_latest(seq):
                 return False
         while len(seq.pages) < self._held_pages(seq, seq.num_computed + 1):
@@ -258,51 +250,16 @@ class Scheduler:
         return -(-tokens // self.page_size)
 
     def _chunk(self, seq: Sequence, chunk: int) -> int:
-        """Prompt tokens `seq` computes this step, at most `chunk`: a windowed sequence slides so
-        that its window and the chunk fit (carrying `carry` tokens over) and gets the chunk's
-        pages; 0 when the pool cannot give them now."""
-        window = seq.window
-        if window is None:
-            return chunk
-        if not self._slide(seq, chunk, keep=window.spec.carry):
-            return 0
-        chunk = min(chunk, window.room(seq.num_computed))
-        need = window.held_pages(seq.num_computed + chunk) - len(seq.pages)
-        if need > 0:
-            fresh = self._alloc(need)
-            if fresh is None:
-                return 0
-            seq.pages.extend(fresh)
-        return chunk
+        """Prompt tokens `seq` computes this step, at most `chunk` (a windowed one's may be fewer)."""
+        return chunk if seq.window is None else self.windows.chunk(seq, chunk)
 
-    def _slide(self, seq: Sequence, incoming: int, keep: int) -> bool:
-        """Slide `seq`'s window so `incoming` more tokens fit: release the pages that fall out,
-        copy the shared ones that stay (their keys are about to be rotated), queue the rotation.
-        False, with nothing changed, when the pool has no pages for the copies."""
-        window = seq.window
-        assert window is not None
-        count = window.pages_to_slide(seq.num_computed, incoming, keep)
-        if count == 0:
-            return True
-        plan = window.plan_slide(count, seq.num_computed)
-        shared = [i for i, _ in plan.rotations if self.pool.refcount(seq.pages[i]) > 1]
-        copies = self._alloc(len(shared)) if shared else []
-        if copies is None:
-            return False
-        for i, copy in zip(shared, copies, strict=True):
-            self.pool.copy_page(seq.pages[i], copy)
-            self.pool.release([seq.pages[i]])
-            seq.pages[i] = copy
-        if seq.lock is not None:  # the cached prefix is no longer this sequence's context
-            self.cache.unlock(seq.lock)
-            seq.lock = None
-        by_shift: dict[int, list[int]] = {}
-        for i, shift in plan.rotations:
-            by_shift.setdefault(shift, []).append(seq.pages[i])
-        released = window.commit(seq.pages, plan)
-        self.pool.release(released)
-        self.window_slid_pages += len(released)
-        self._rotations += [(seq, pages, shift) for shift, pages in by_shift.items()]
+    def _admit_resumed(self, seq: Sequence) -> bool:
+        """`seq` took over a kept window (`WindowPaging.resume`): it starts after that history."""
+        if seq.output_len == 0:
+            seq.cached_tokens = seq.num_computed
+            self.cache.record(seq.prompt_len, seq.num_computed)
+            self.windows.admitted(seq, seq.num_computed)
+        self._start(seq)
         return True
 
     def _alloc(self, count: int) -> list[int] | None:
@@ -310,17 +267,22 @@ class Scheduler:
         if pages is None:
             self.cache.evict(count - self.pool.free_pages)
             pages = self.pool.alloc(count)
+        if pages is None:  # kept windows waiting for reuse go last
+            self.windows.kept.evict(count - self.pool.free_pages)
+            pages = self.pool.alloc(count)
         return pages
 
     def _preempt(self, seq: Sequence) -> None:
         self.preemptions += 1
         self.running.remove(seq)
         self._cache_progress(seq)
+        if seq.window is not None:  # its kept cache waits for it (or it recomputes from the start)
+            self.windows.forget(seq)
+            self.windows.keep(seq)
         self._release(seq)
         seq.num_computed = 0
-        if seq.window is not None:  # it recomputes from its first token
+        if seq.window is not None:
             seq.window.reset()
-            self._rotations = [r for r in self._rotations if r[0] is not seq]
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 

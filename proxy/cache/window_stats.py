@@ -1,10 +1,11 @@
 """`cache_manager.sliding_window` of `GET /v1/cache/stats`: the embedded engines' sliding windows.
 
 Summed over the workers whose engine reports window figures (`adapters.local.EngineStats`):
-`hits` = windowed prompts whose kept cache (sinks plus window) started from pages the radix cache
-held, `misses` = those that computed it from their first token, `evictions` = pages that slid out
-of windows and went back to the pool, `memory_bytes` = KV bytes running windowed sequences hold
-now, `utilization` = those pages against the most they may hold (percent). An upstream engine
+`hits` = windowed prompts whose kept cache (sinks, pinned turn, window) started from cached pages
+(an earlier turn's kept window, or the radix cache's prefix), `misses` = those that computed it
+from their first token, `evictions` = pages that slid out of windows and went back to the pool,
+`memory_bytes` = KV bytes of the running windows and of the kept windows awaiting their next
+turn, `utilization` = the running windows' pages against the most they may hold (percent). An upstream engine
 reports none: its figures are not the gateway's to know.
 """
 
@@ -24,6 +25,7 @@ class WindowFigures(Protocol):
     window_slid_pages: int
     window_pages: int
     window_capacity_pages: int
+    window_kept_pages: int
     page_size: int
     kv_bytes_per_token: int
 
@@ -31,15 +33,16 @@ class WindowFigures(Protocol):
 class WindowTotals:
     """The window figures of every embedded engine, summed."""
 
-    __slots__ = ("capacity_bytes", "evictions", "hits", "memory_bytes", "misses")
+    __slots__ = ("capacity_bytes", "evictions", "hits", "memory_bytes", "misses", "running_bytes")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.evictions = self.memory_bytes = self.capacity_bytes = 0
+        self.running_bytes = 0
 
     @property
     def utilization(self) -> float:
         """Held KV bytes against the most the running windows may hold, as a fraction."""
-        return self.memory_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
+        return self.running_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
 
 
 def window_totals(router: WorkerPool) -> WindowTotals:
@@ -54,6 +57,7 @@ def window_totals(router: WorkerPool) -> WindowTotals:
         totals.hits += figures.window_hits
         totals.misses += figures.window_misses
         totals.evictions += figures.window_slid_pages
-        totals.memory_bytes += figures.window_pages * page_bytes
+        totals.memory_bytes += (figures.window_pages + figures.window_kept_pages) * page_bytes
+        totals.running_bytes += figures.window_pages * page_bytes
         totals.capacity_bytes += figures.window_capacity_pages * page_bytes
     return totals

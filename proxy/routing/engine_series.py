@@ -51,6 +51,7 @@ class EngineFigures(Protocol):
     window_slid_pages: int
     window_pages: int
     window_capacity_pages: int
+    window_kept_pages: int
 
 
 _GAUGES: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (

@@ -74,6 +74,32 @@ def test_past_the_context_refused_without_the_window_served_with_it(
     stats = httpx.get(f"{server.url}/cache/stats", timeout=10).json()["cache_manager"]["sliding_window"]
     assert stats["implemented"] is True and stats["misses"] >= 1
     assert stats["evictions"] > (answer.usage.prompt_tokens - 300) // ENGINE.page_size
-    assert stats["memory_bytes"] == 0 and stats["configured"]["sink_tokens"] == 4
+    assert stats["configured"]["sink_tokens"] == 4
     figures = engine.stats()
     assert figures is not None and figures.window_pages == 0 and figures.active_pages == 0
+    assert (
+        stats["memory_bytes"]
+        == figures.window_kept_pages * figures.page_size * figures.kv_bytes_per_token
+        > 0
+    )
+
+    # The next turn continues the history: it takes over the kept window and computes only the new turn.
+    follow_up = [
+        *messages(),
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": "And how many crates did ship 3 carry?"},
+    ]
+    with openai.OpenAI(base_url=f"{server.url}/cached", api_key="unused", max_retries=0, timeout=600) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=ENGINE.model_id,
+            messages=follow_up,  # type: ignore[arg-type]
+            max_tokens=16,
+            temperature=0,
+            extra_body={"enable_sliding_window": True},
+        )
+    second = raw.parse()
+    assert raw.http_response.json()["cache_stats"]["window_reuse"] == 1
+    details = second.usage.prompt_tokens_details if second.usage is not None else None
+    assert details is not None and (details.cached_tokens or 0) > CONTEXT
+    stats = httpx.get(f"{server.url}/cache/stats", timeout=10).json()["cache_manager"]["sliding_window"]
+    assert stats["hits"] >= 1

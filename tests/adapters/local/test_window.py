@@ -172,7 +172,7 @@ def test_decode_far_past_the_window_equals_dense_attention_over_the_kept_tokens(
         peak_pages = max(peak_pages, engine.pool.usage().used_pages)
     assert start > 200  # the window slid far
     assert max(engine.spy.positions) < SPEC.sinks + SPEC.size
-    assert engine.scheduler.window_slid_pages >= (start - PAGE) // PAGE
+    assert engine.scheduler.windows.slid_pages >= (start - PAGE) // PAGE
     assert len(engine.seq.pages) <= SPEC.max_pages(PAGE)
     # The prompt's first pages stay cached for reuse; the sequence itself holds a bounded few.
     assert peak_pages <= SPEC.max_pages(PAGE) + len(prompt) // PAGE
@@ -251,7 +251,7 @@ def test_the_c_kernels_attend_the_window_as_torch_does(loaded: LoadedModel) -> N
         compared += 1
         for harness in runs:
             harness.seq.tokens.append(tokens[index])
-    assert compared == 110 and runs[0].scheduler.window_slid_pages > 10
+    assert compared == 110 and runs[0].scheduler.windows.slid_pages > 10
     assert max(runs[0].spy.positions) < SPEC.sinks + SPEC.size
 
 
@@ -316,3 +316,44 @@ def test_the_system_prompt_and_the_latest_user_turn_are_never_cut(
     assert set(range(carry.head)) <= set(kept) and set(range(carry.pin_start, carry.pin_end)) <= set(kept)
     # Positions stay within the head, the pinned pages and the window.
     assert max(engine.spy.positions) < carry.head + len(policy.pinned) * PAGE + SPEC.size
+
+
+def test_the_next_turn_reuses_the_kept_window(
+    tiny_model: tuple[LocalEngineConfig, LoadedModel], hf_weights: dict[str, np.ndarray]
+) -> None:
+    """A finished windowed sequence leaves its kept cache; a prompt that continues its history
+    takes it over (a window hit) and computes only the new tokens, as the reference does."""
+    _, loaded = tiny_model
+    rng = random.Random(7)
+    tokens = [rng.randrange(3, 262) for _ in range(260)]
+    first = Harness(loaded, tokens[:30], chunk=512, pages=24)
+    reference = Reference(hf_weights)
+    start = SPEC.sinks
+    for index in range(29):
+        reference.step(tokens[index], list(range(index + 1)))
+    for index in range(29, 200):
+        start = slid(SPEC, start, index, 1, keep=0)
+        reference.step(tokens[index], kept_tokens(SPEC, start, index))
+        assert first.step() is not None
+        first.seq.tokens.append(tokens[index + 1])
+    first.scheduler.finish(first.seq, keep_kv=True)
+    assert first.scheduler.windows.kept.pages > 0
+
+    params = SamplingParams(max_tokens=1)
+    job = GenerationJob(job_id=2, groups=[], params=params, salt="", sink=lambda _: None, window=SPEC)
+    prompt = tokens[:240]  # the whole history, then 40 new tokens
+    second = Sequence(job, prompt, 0, SamplerState(params, 262, prompt, 0), TextStream(loaded.tokenizer, ()))
+    first.scheduler.add(second)
+    first.seq, first.chunks = second, []
+    logits = None
+    while logits is None:
+        logits = first.step()
+    assert second.cached_tokens == 200 and first.scheduler.windows.hits == 1
+    done = 200
+    for chunk in first.chunks:
+        start = slid(SPEC, start, done, chunk, keep=SPEC.carry)
+        for index in range(done, done + chunk):
+            expected = reference.step(prompt[index], kept_tokens(SPEC, start, index))
+        done += chunk
+    assert done == 240
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
