@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import math
 import platform
+import sys
 import time
 
 import torch
@@ -116,12 +117,11 @@ def main() -> None:
         "text_tokens": len(text),
     }
     ppl = text[: args.ppl_tokens]
-    figures["perplexity"] = {
-        "tokens": len(ppl),
-        "dense": round(perplexity(loaded, ppl, None), 3),
-        "sinks_4_window_1024": round(perplexity(loaded, ppl, WINDOW), 3),
-        "truncation_1024": round(perplexity(loaded, ppl, TRUNCATION), 3),
-    }
+    quality: dict[str, float] = {"tokens": len(ppl)}
+    for name, window in (("dense", None), ("sinks_4_window_1024", WINDOW), ("truncation_1024", TRUNCATION)):
+        quality[name] = round(perplexity(loaded, ppl, window), 3)
+        print(f"perplexity {name}: {quality[name]}", file=sys.stderr, flush=True)  # progress
+    figures["perplexity"] = quality
     window_ms: dict[str, float] = {}
     dense_ms: dict[str, float] = {}
     peak = 0
