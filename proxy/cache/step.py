@@ -250,6 +250,8 @@ class ResponseCacheStep:
         """The cache key of `request`, or None when the response cache is off."""
         if self.cache is None:
             return None
+        if request.sliding_window is not None:  # an answer with (or without) the window is another answer
+            label = f"{label or ''}\x00sliding_window={int(request.sliding_window)}"
         try:
             return self.cache.key(
                 request.raw_body,
