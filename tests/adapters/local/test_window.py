@@ -238,10 +238,10 @@ def test_the_c_kernels_attend_the_window_as_torch_does(loaded: LoadedModel) -> N
     stock = load_model(replace(TEST_CONFIG, c_kernels=False, decode_weights="fp32"))
     assert not stock.model.attends_in_kernel
     rng = random.Random(5)
-    tokens = [rng.randrange(100, 40000) for _ in range(260)]
-    runs = [Harness(model, tokens[:150], chunk=48, pages=16) for model in (loaded, stock)]
+    tokens = [rng.randrange(100, 40000) for _ in range(190)]
+    runs = [Harness(model, tokens[:110], chunk=48, pages=16) for model in (loaded, stock)]
     compared = 0
-    for index in range(150, len(tokens)):
+    for index in range(110, len(tokens)):
         outs = [harness.step() for harness in runs]
         while outs[0] is None:
             outs = [harness.step() for harness in runs]
@@ -251,7 +251,7 @@ def test_the_c_kernels_attend_the_window_as_torch_does(loaded: LoadedModel) -> N
         compared += 1
         for harness in runs:
             harness.seq.tokens.append(tokens[index])
-    assert compared == 110 and runs[0].scheduler.windows.slid_pages > 10
+    assert compared == 80 and runs[0].scheduler.windows.slid_pages > 6
     assert max(runs[0].spy.positions) < SPEC.sinks + SPEC.size
 
 
