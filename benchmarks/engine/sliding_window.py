@@ -9,7 +9,10 @@ Prints one JSON object, all figures from one run on one host:
   blockwise), against dense attention up to the model's 8k context, side by side;
 - peak KV pages the windowed sequence held, against the bound (sinks + window + one page).
 
-    flock /tmp/rg-bench.lock .venv/bin/python -m benchmarks.engine.sliding_window --threads 2
+    .venv/bin/python -m benchmarks.engine.sliding_window --only quality --threads 2
+    flock /tmp/rg-bench.lock .venv/bin/python -m benchmarks.engine.sliding_window --only speed --threads 2
+
+(`quality` times nothing; `speed` is timed, so it takes the benchmark lock.)
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false (torch's path)")
+    parser.add_argument("--only", choices=("quality", "speed"), help="one half of the benchmark")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
@@ -116,12 +120,25 @@ def main() -> None:
         "c_kernels": loaded.model.attends_in_kernel,
         "text_tokens": len(text),
     }
-    ppl = text[: args.ppl_tokens]
+    if args.only != "speed":
+        figures["perplexity"] = quality(loaded, text[: args.ppl_tokens])
+    if args.only != "quality":
+        figures.update(speed(loaded, text))
+    print(json.dumps(figures, indent=2))
+
+
+def quality(loaded: LoadedModel, ppl: list[int]) -> dict[str, float]:
+    """Perplexity of dense attention, the sinks + window, and plain truncation on `ppl`."""
     quality: dict[str, float] = {"tokens": len(ppl)}
     for name, window in (("dense", None), ("sinks_4_window_1024", WINDOW), ("truncation_1024", TRUNCATION)):
         quality[name] = round(perplexity(loaded, ppl, window), 3)
         print(f"perplexity {name}: {quality[name]}", file=sys.stderr, flush=True)  # progress
-    figures["perplexity"] = quality
+    return quality
+
+
+def speed(loaded: LoadedModel, text: list[int]) -> dict[str, object]:
+    """Decode ms per token by history, windowed and dense side by side; the window's peak KV."""
+    figures: dict[str, object] = {}
     window_ms: dict[str, float] = {}
     dense_ms: dict[str, float] = {}
     peak = 0
@@ -135,7 +152,7 @@ def main() -> None:
     figures["window_peak_kv_pages"] = peak
     figures["window_kv_bound_pages"] = WINDOW.max_pages(PAGE)
     figures["window_peak_kv_bytes"] = peak * KVPool(loaded.spec, 1, PAGE, loaded.model.dtype).page_nbytes
-    print(json.dumps(figures, indent=2))
+    return figures
 
 
 if __name__ == "__main__":
