@@ -42,6 +42,12 @@ PAGE = 16
 WINDOW = WindowSpec(sinks=4, size=1024, overlap=64)
 TRUNCATION = WindowSpec(sinks=0, size=1024, overlap=64)
 DECODE_STEPS = 64
+ATTENTION: dict[str, WindowSpec | None] = {
+    "dense": None,
+    "sinks_4_window_1024": WINDOW,
+    "truncation_1024": TRUNCATION,
+}
+"""The perplexities: dense attention (the whole text), sinks + window, plain truncation to W."""
 
 
 class Stream:
@@ -109,6 +115,13 @@ def main() -> None:
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false (torch's path)")
     parser.add_argument("--only", choices=("quality", "speed"), help="one half of the benchmark")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        choices=tuple(ATTENTION),
+        default=tuple(ATTENTION),
+        help="which perplexities (each its own process in parallel, if you like)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
@@ -121,17 +134,17 @@ def main() -> None:
         "text_tokens": len(text),
     }
     if args.only != "speed":
-        figures["perplexity"] = quality(loaded, text[: args.ppl_tokens])
+        figures["perplexity"] = quality(loaded, text[: args.ppl_tokens], args.attention)
     if args.only != "quality":
         figures.update(speed(loaded, text))
     print(json.dumps(figures, indent=2))
 
 
-def quality(loaded: LoadedModel, ppl: list[int]) -> dict[str, float]:
-    """Perplexity of dense attention, the sinks + window, and plain truncation on `ppl`."""
+def quality(loaded: LoadedModel, ppl: list[int], names: list[str]) -> dict[str, float]:
+    """Perplexity on `ppl` of each of `names` (`ATTENTION`)."""
     quality: dict[str, float] = {"tokens": len(ppl)}
-    for name, window in (("dense", None), ("sinks_4_window_1024", WINDOW), ("truncation_1024", TRUNCATION)):
-        quality[name] = round(perplexity(loaded, ppl, window), 3)
+    for name in names:
+        quality[name] = round(perplexity(loaded, ppl, ATTENTION[name]), 3)
         print(f"perplexity {name}: {quality[name]}", file=sys.stderr, flush=True)  # progress
     return quality
 
