@@ -48,6 +48,9 @@ class EngineRequest:
     """The front door's routing hint (None: the policy alone decides)."""
     speculation: bool | None = None
     """`enable_speculation` of a `/v1/cached/*` request; None: the engine's own default."""
+    sliding_window: bool | None = None
+    """`enable_sliding_window` of a `/v1/cached/*` request: attend with the engine's sliding window
+    (engines that have one); None: the engine's default (`[sliding_window] enabled`)."""
 
     @property
     def model(self) -> str:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from adapters.local.config import WINDOW_KEYS
 from proxy import __version__
 from proxy.auth import hash_key, is_loopback
 from proxy.banner import startup_banner
@@ -248,6 +249,10 @@ def with_preset_values(data: dict[str, Any], settings: Settings) -> dict[str, An
         effective = dataclasses.asdict(getattr(config, section))
         keys = type(getattr(settings, section)).__struct_fields__
         data[section] = {key: effective[key] for key in keys if key in effective}
+    engine = data.get("local_engine")
+    if isinstance(engine, dict):  # the embedded engine's window is shown (and set) in [sliding_window]
+        for key in WINDOW_KEYS:
+            engine.pop(key, None)
     return data
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from adapters.local.config import WINDOW_KEYS
 from proxy.cache.config import cache_config
 from proxy.cache.settings import CacheSettingsError
 from proxy.errors import split_validation_error
@@ -170,6 +171,8 @@ def _validate(table: dict[str, Any], sources: dict[str, str]) -> Settings:
     for key in local if isinstance(local, dict) else ():
         if key not in known:
             raise _error(f"local_engine.{key}", "unknown setting", sources)
+        if key in WINDOW_KEYS:
+            raise _error(f"local_engine.{key}", "set in [sliding_window]", sources)
     try:
         settings.local_engine.validate()
     except ValueError as exc:

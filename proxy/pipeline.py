@@ -121,6 +121,7 @@ class Pipeline:
             tenant.cache_salt,
             route=call.route,
             speculation=call.cached.speculation if call.cached is not None else None,
+            sliding_window=call.cached.sliding_window if call.cached is not None else None,
         )
         headers: Headers = [(REQUEST_ID_HEADER, request.request_id.encode()), *admission.headers]
         spent = Spent()

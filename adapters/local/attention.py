@@ -95,9 +95,15 @@ prefix list the same stretches for it; the kernel attends each such stretch once
 
 def segments(contexts: list[tuple[list[int], int]], page_size: int) -> torch.Tensor:
     """`DecodePlan.segments` for rows whose contexts are (page table, tokens)."""
+    return run_segments([page_runs(pages, tokens, page_size) for pages, tokens in contexts], page_size)
+
+
+def run_segments(contexts: list[list[PageRun]], page_size: int) -> torch.Tensor:
+    """`DecodePlan.segments` for rows whose contexts are these runs of pages (a window's sinks and
+    window, say)."""
     out: list[tuple[int, int, int]] = []
-    for row, (pages, tokens) in enumerate(contexts):
-        for run in page_runs(pages, tokens, page_size):
+    for row, runs in enumerate(contexts):
+        for run in runs:
             first = run.first_page * page_size
             for start in range(0, run.tokens, SEGMENT_TOKENS):
                 out.append((row, first + start, min(SEGMENT_TOKENS, run.tokens - start)))
@@ -112,11 +118,19 @@ A flash call costs ~0.1 ms on the dev box, about what copying 200 tokens of K/V 
 def split_runs(pages: list[int], tokens: int, page_size: int) -> tuple[list[PageRun], list[int], int]:
     """The first `tokens` slots of a page table as long runs, plus the remaining pages (in order)
     and how many tokens they hold."""
+    return split_run_list(page_runs(pages, tokens, page_size), page_size)
+
+
+def split_run_list(runs: list[PageRun], page_size: int) -> tuple[list[PageRun], list[int], int]:
+    """A context's runs as long runs, plus the pages of the short ones (in order) and how many
+    tokens they hold. Only the context's last page may be partial among those pages, so a short
+    partial run before the last (a window's sinks) stays a run of its own."""
     long: list[PageRun] = []
     rest: list[int] = []
     rest_tokens = 0
-    for run in page_runs(pages, tokens, page_size):
-        if run.tokens >= VIEW_MIN_TOKENS:
+    for number, run in enumerate(runs):
+        partial = run.tokens % page_size != 0 and number < len(runs) - 1
+        if run.tokens >= VIEW_MIN_TOKENS or partial:
             long.append(run)
         else:
             rest.extend(range(run.first_page, run.first_page + -(-run.tokens // page_size)))

@@ -44,6 +44,14 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 # bounds that overhead at 300 MB, of which importing torch alone takes ~220 MB.
 DEFAULT_MAX_IDLE_PREFILL_TOKENS = 512
 DEFAULT_EVICTION_POLICY: EvictionPolicy = "lru"
+WINDOW_KEYS = frozenset({"sliding_window", "window_size", "window_sink_tokens", "window_overlap"})
+"""`LocalEngineConfig` fields the gateway sets from `[sliding_window]` (refused in `[local_engine]`)."""
+DEFAULT_SINK_TOKENS = 4
+"""StreamingLLM's four attention sinks: the first tokens, which attention leans on whatever they say."""
+DEFAULT_WINDOW_SIZE = 1024
+"""The most recent tokens a windowed sequence keeps (the seed's range is 64-1024)."""
+DEFAULT_WINDOW_OVERLAP = 64
+"""Tokens of earlier text every prefill chunk still sees (the context carried across a boundary)."""
 DEFAULT_CACHE_DIR = Path("~/.cache/radixgate/weights")
 DEFAULT_KV_OFFLOAD_MEMORY_BYTES = 1024 * 1024 * 1024
 DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 * 1024 * 1024 * 1024
@@ -154,6 +162,17 @@ class LocalEngineConfig:
     """With `kv_offload_dir`: a cached page is also written to L3 once a later prompt reuses it, or
     once it has been cached this many seconds (`adapters.local.write_behind`), so the prefix cache
     survives a restart. None: only evicted pages reach L3."""
+    sliding_window: bool = False
+    """Attend with attention sinks plus a sliding window (`adapters.local.window`) in requests that
+    do not say (`enable_sliding_window` on `/v1/cached/*` does): their prompt and completion may
+    then run past the model's context in bounded memory. The gateway sets this and the three below
+    from `[sliding_window]`."""
+    window_size: int = DEFAULT_WINDOW_SIZE
+    """The most recent tokens a windowed sequence attends to (W)."""
+    window_sink_tokens: int = DEFAULT_SINK_TOKENS
+    """The first tokens every windowed token attends to as well (S, StreamingLLM's attention sinks)."""
+    window_overlap: int = DEFAULT_WINDOW_OVERLAP
+    """Window tokens each prefill chunk of a long prompt still sees (at most half the window)."""
     kv_shutdown_flush_s: float = DEFAULT_KV_SHUTDOWN_FLUSH_S
     """At shutdown, seconds allowed for writing the cached pages not yet on disk and finishing the
     queued writes (`cache.shutdown_flush_s` sets it); what is left then is recomputed after restart."""

@@ -81,6 +81,18 @@ class EngineStats:
     """Beam searches finished since start."""
     beam_early_stops: int = 0
     """Of those, searches that stopped before `max_tokens` (early stopping)."""
+    window_hits: int = 0
+    """Windowed prompts whose kept cache started from cached pages, since start."""
+    window_misses: int = 0
+    """Windowed prompts that computed their kept cache from scratch, since start."""
+    window_slid_pages: int = 0
+    """Pages that slid out of windows and went back to the pool (or the cache), since start."""
+    window_pages: int = 0
+    """Pages running windowed sequences hold now."""
+    window_capacity_pages: int = 0
+    """The most pages those sequences may hold (sinks, full windows, one page each being filled)."""
+    window_kept_pages: int = 0
+    """Pages of finished windowed sequences' kept caches, held for reuse by their next turn."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -228,6 +240,7 @@ class EngineCore:
                     self.scheduler.finish(seq, keep_kv=False)
         if flushes:
             self.cache.clear()
+            self.scheduler.windows.kept.clear()
             self._publish_stats(force=True)
             for done in flushes:
                 done.set_result(None)
@@ -242,14 +255,17 @@ class EngineCore:
                 index = group.first_index + offset
                 sampler = SamplerState(job.params, self.runner.model.spec.vocab_size, group.prompt, index)
                 seq = Sequence(job, group.prompt, index, sampler, TextStream(self.tokenizer, job.params.stop))
-                speculates = job.speculate and job.grammar is None and can_speculate(job.params)
+                # Drafts go with neither a grammar (its mask covers one row) nor a window (its slide moves the
+                # rows' positions).
+                speculates = job.speculate and job.grammar is None and job.window is None
+                speculates = speculates and can_speculate(job.params)
                 if self.drafter is not None and speculates:
                     seq.spec = self.drafter.state()
                 seqs.append(seq)
                 if leader is None:
                     leader = seq
                     seq.reports_cache = True
-                    self.scheduler.add(seq)
+                    self.scheduler.add(seq, group.carry)
                     if job.params.beam_search:
                         seq.beam = BeamGroup(seq, BeamState.of(job.params, group.n))
                 else:
@@ -334,11 +350,16 @@ class EngineCore:
 
     def _snapshot(self) -> EngineStats:
         pool = self.runner.pool
+        windows = self.scheduler.windows
+        window_pages, window_capacity = windows.footprint(self.scheduler.running)
         return EngineStats(
             page_size=pool.page_size,
             pool_pages_total=pool.num_pages,
             pool_pages_free=pool.free_pages,
-            active_pages=pool.num_pages - pool.free_pages - self.cache.cached_only_pages(),
+            active_pages=pool.num_pages
+            - pool.free_pages
+            - self.cache.cached_only_pages()
+            - windows.kept.pages,
             cached_tokens=self.cache.cached_pages * pool.page_size,
             cache_hit_tokens=self.cache.hit_tokens,
             cache_query_tokens=self.cache.queried_tokens,
@@ -355,4 +376,10 @@ class EngineCore:
             speculation=self.drafter.figures() if self.drafter is not None else None,
             beam_searches=self._beam_searches,
             beam_early_stops=self._beam_early_stops,
+            window_hits=windows.hits,
+            window_misses=windows.misses,
+            window_slid_pages=windows.slid_pages,
+            window_kept_pages=windows.kept.pages,
+            window_pages=window_pages,
+            window_capacity_pages=window_capacity,
         )

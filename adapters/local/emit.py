@@ -108,7 +108,9 @@ class TokenEmitter:
             delta.text, stopped = seq.text.push(token)
             if stopped:
                 reason = "stop"
-            elif seq.output_len >= params.max_tokens or len(seq.tokens) >= self.max_context:
+            elif seq.output_len >= params.max_tokens or (
+                seq.window is None and len(seq.tokens) >= self.max_context
+            ):
                 reason = "length"
                 delta.text += seq.text.finish()
         if reason is not None:

@@ -40,6 +40,7 @@ from adapters.local.sampling import SamplingParams
 from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
 from adapters.local.tokenizer import TextTokenizer
+from adapters.local.window import WindowSpec
 from adapters.schema import ChatCompletionRequest, GenerationRequest, PassThroughRequest
 
 
@@ -64,6 +65,9 @@ class _Loaded:
     template: ChatTemplate
     limits: EngineLimits
     grammars: GrammarCompiler
+    window: WindowSpec | None
+    """The window windowed requests attend with; None where it does not fit this model (`window_error`)."""
+    window_error: str = ""
     offload: KVOffload | None = None
 
     def stop(self, flush_s: float) -> None:
@@ -130,6 +134,17 @@ class LocalEngine:
             self._model = load_model(cfg)
         loaded = self._model
         spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
+        configured = WindowSpec(
+            sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap
+        )
+        window: WindowSpec | None = configured
+        window_error = ""
+        try:
+            configured.check(cfg.page_size, spec.context_length)
+        except ValueError as exc:
+            if cfg.sliding_window:
+                raise
+            window, window_error = None, str(exc)  # only requests that ask for one are refused
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         num_pages = cfg.kv_budget_tokens // cfg.page_size
@@ -186,6 +201,8 @@ class LocalEngine:
             page_size=cfg.page_size,
             max_n=cfg.max_running,
             max_beam_width=min(cfg.beam_width, cfg.max_running),
+            window_pages=window.max_pages(cfg.page_size) if window is not None else 0,
+            window_size=window.size if window is not None else 0,
         )
         return _Loaded(
             core=core,
@@ -193,6 +210,8 @@ class LocalEngine:
             template=loaded.template,
             limits=limits,
             grammars=GrammarCompiler(tokenizer, spec.vocab_size),
+            window=window,
+            window_error=window_error,
             offload=offload,
         )
 
@@ -218,19 +237,22 @@ class LocalEngine:
         n: int = 1,
         salt: str = "",
         speculate: bool | None = None,
+        sliding_window: bool | None = None,
     ) -> AsyncIterator[list[ChoiceDelta]]:
         """Token-level generation (no OpenAI framing): each engine step's deltas, for tools and
         benchmarks. Choices are indexed 0..n-1; closing the iterator cancels the work.
-        `speculate`: None takes the config's `speculative`."""
+        `speculate`: None takes the config's `speculative`; `sliding_window`: attend with the
+        configured window (None: the engine's default)."""
         await self.start()
         loaded = self._require()
-        if not prompt or len(prompt) + params.max_tokens > loaded.limits.max_context:
+        windowed = self._windowed(sliding_window)
+        if not prompt or (not windowed and len(prompt) + params.max_tokens > loaded.limits.max_context):
             raise InvalidRequest("the prompt plus max_tokens must fit the model's context", param="prompt")
         if not 1 <= n <= loaded.limits.max_n:
             raise InvalidRequest(f"n must be between 1 and {loaded.limits.max_n}", param="n")
         group = PromptGroup(prompt=prompt, first_index=0, n=n)
         prepared = PreparedRequest(groups=[group], params=params, prompt_tokens=len(prompt), echo=None)
-        job_id, queue = self._submit(prepared, salt, speculate)
+        job_id, queue = self._submit(prepared, salt, speculate=speculate, windowed=windowed)
         open_choices = n
         try:
             while open_choices:
@@ -242,11 +264,19 @@ class LocalEngine:
                 loaded.core.cancel(job_id)
 
     async def generate(
-        self, prompt: list[int], params: SamplingParams, *, salt: str = "", speculate: bool | None = None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        salt: str = "",
+        speculate: bool | None = None,
+        sliding_window: bool | None = None,
     ) -> Generation:
         """One choice to the end, as token ids and text."""
         result = Generation()
-        async for deltas in self.generate_stream(prompt, params, salt=salt, speculate=speculate):
+        async for deltas in self.generate_stream(
+            prompt, params, salt=salt, speculate=speculate, sliding_window=sliding_window
+        ):
             for delta in deltas:
                 result.token_ids.append(delta.token_id)
                 result.text += delta.text
@@ -259,8 +289,10 @@ class LocalEngine:
     async def complete(self, request: EngineRequest) -> Completion:
         """Run a request to the end and return the OpenAI body."""
         await self.start()
-        prepared, grammar, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation, grammar)
+        prepared, writer, grammar, windowed = self._prepare(request)
+        job_id, queue = self._submit(
+            prepared, request.cache_salt, speculate=request.speculation, windowed=windowed, grammar=grammar
+        )
         try:
             while not writer.done:
                 writer.add(_raise_failure(await queue.get()))
@@ -278,8 +310,10 @@ class LocalEngine:
     async def stream(self, request: EngineRequest) -> AsyncIterator[bytes]:
         """Yield OpenAI chunk payloads; closing the iterator cancels the job and frees its pages."""
         await self.start()
-        prepared, grammar, writer = self._prepare(request)
-        job_id, queue = self._submit(prepared, request.cache_salt, request.speculation, grammar)
+        prepared, writer, grammar, windowed = self._prepare(request)
+        job_id, queue = self._submit(
+            prepared, request.cache_salt, speculate=request.speculation, windowed=windowed, grammar=grammar
+        )
         try:
             for chunk in writer.opening_chunks():
                 yield chunk
@@ -325,9 +359,24 @@ class LocalEngine:
             raise EngineError("the local engine is not started")
         return self._loaded
 
+    def _windowed(self, asked: bool | None) -> bool:
+        """Whether a request attends with the sliding window; InvalidRequest when it asks for one
+        this engine cannot run."""
+        loaded = self._require()
+        windowed = self.config.sliding_window if asked is None else asked
+        if windowed and loaded.window is None:
+            raise InvalidRequest(
+                f"sliding-window attention is not available here: {loaded.window_error}",
+                param="enable_sliding_window",
+            )
+        return windowed
+
     def _prepare(
         self, request: EngineRequest
-    ) -> tuple[PreparedRequest, OutputGrammar | None, ResponseWriter]:
+    ) -> tuple[PreparedRequest, ResponseWriter, OutputGrammar | None, bool]:
+        """The request's prompts and sampling, its answer's writer, its grammar and whether it attends
+        with the sliding window (beam search does only when the request asks: beams share pages
+        the window would rotate)."""
         params = request.params
         if isinstance(params, PassThroughRequest):  # the router sends it no other kind
             raise InvalidRequest(
@@ -337,7 +386,13 @@ class LocalEngine:
                 code="model_not_supported",
             )
         loaded = self._require()
-        prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits)
+        beams = params.use_beam_search
+        if beams and request.sliding_window:
+            raise InvalidRequest(
+                "use_beam_search is not supported with the sliding window", param="enable_sliding_window"
+            )
+        windowed = not beams and self._windowed(request.sliding_window)
+        prepared = prepare(params, loaded.tokenizer, loaded.template, loaded.limits, windowed=windowed)
         grammar = (
             loaded.grammars.compile(params, prepared.tools)
             if isinstance(params, ChatCompletionRequest)
@@ -359,13 +414,15 @@ class LocalEngine:
             n=params.n,
             tools=prepared.tools,
         )
-        return prepared, grammar, writer
+        return prepared, writer, grammar, windowed
 
     def _submit(
         self,
         prepared: PreparedRequest,
         salt: str,
+        *,
         speculate: bool | None,
+        windowed: bool,
         grammar: OutputGrammar | None = None,
     ) -> tuple[int, asyncio.Queue[list[JobEvent]]]:
         mailbox = self._mailboxes.for_loop(asyncio.get_running_loop())
@@ -383,6 +440,7 @@ class LocalEngine:
             sink=sink,
             speculate=self.config.speculative if speculate is None else speculate,
             grammar=grammar,
+            window=self._require().window if windowed else None,
         )
         self._require().core.submit(job)
         return job_id, queue

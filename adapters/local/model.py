@@ -164,6 +164,7 @@ class LlamaModel:
             spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.int64).float() / spec.head_dim)
         )
         angles = torch.arange(spec.context_length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self._inv_freq = inv_freq
         # Half-width tables (both halves of a head use the same angles): 2 MB instead of 4 at 8k context.
         self._cos_half = angles.cos().to(dtype)
         self._sin_half = angles.sin().to(dtype)
@@ -219,6 +220,21 @@ class LlamaModel:
             layer.wo.addmm_(x, attn, int8_rows, decode_rows)
             self._mlp(x, layer, norm, int8_rows, decode_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
+
+    def shift_keys(self, pool: KVPool, pages: list[int], shift: int) -> None:
+        """Move the keys stored in `pages` (every layer) `shift` positions back, in place: RoPE
+        rotates each pair of a head by position x frequency, so rotating a stored key by
+        `-shift` x frequency leaves it as if rotated at its position minus `shift` (`window`)."""
+        if not pages or shift == 0:
+            return
+        half = self._half
+        angles = shift * self._inv_freq.double()
+        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        index = torch.tensor(pages, dtype=torch.long)
+        keys = pool.k.index_select(1, index)
+        low, high = keys[..., :half], keys[..., half:]
+        rotated = torch.cat([low * cos + high * sin, high * cos - low * sin], dim=-1)
+        pool.k.index_copy_(1, index, rotated)
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's `cos` and `sin` `[rows, 1, head_dim]` for torch's path of a prefill step."""

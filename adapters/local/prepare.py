@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.errors import InvalidRequest
+from adapters.local.carry import carry_spans
 from adapters.local.chat_template import ChatTemplate
 from adapters.local.sampling import SamplingParams
 from adapters.local.sequence import PromptGroup
@@ -31,6 +32,10 @@ class EngineLimits:
     max_n: int
     max_beam_width: int = 1
     """Most beams one request may ask for (`n` with `use_beam_search`)."""
+    window_pages: int = 0
+    """Most pages one windowed sequence holds (sinks, window and the page being filled); 0: no window."""
+    window_size: int = 0
+    """The window's tokens (W); a chat's carried spans may take up to half of it each."""
 
 
 @dataclass(slots=True)
@@ -47,9 +52,18 @@ class PreparedRequest:
 
 
 def prepare(
-    params: GenerationRequest, tokenizer: TextTokenizer, template: ChatTemplate, limits: EngineLimits
+    params: GenerationRequest,
+    tokenizer: TextTokenizer,
+    template: ChatTemplate,
+    limits: EngineLimits,
+    *,
+    windowed: bool = False,
 ) -> PreparedRequest:
-    """Tokenize the prompt(s) and validate every sampling field; raises InvalidRequest."""
+    """Tokenize the prompt(s) and validate every sampling field; raises InvalidRequest.
+
+    `windowed`: the request attends with a sliding window (`limits.window_pages` must be set), so
+    its prompt and completion may run past the model's context; its pages, not its length, must
+    fit the pool, and without `max_tokens` it completes at most `max_context` tokens."""
     n = params.n
     if not 1 <= n <= limits.max_n:
         raise InvalidRequest(f"n must be between 1 and {limits.max_n}", param="n")
@@ -62,6 +76,12 @@ def prepare(
         prompts = _completion_prompts(params, tokenizer, limits.vocab_size)
         echo = [tokenizer.decode(p) for p in prompts] if params.echo else None
     groups = [PromptGroup(prompt=p, first_index=i * n, n=n) for i, p in enumerate(prompts)]
+    if windowed:
+        if isinstance(params, ChatCompletionRequest):
+            groups[0].carry = carry_spans(
+                params.messages, prompts[0], tokenizer, template, limits.window_size
+            )
+        return _windowed(params, prompts, groups, echo, limits)
     # Forks copy the prompt's partial last page, so n choices need up to n-1 extra pages.
     room = min(limits.max_context, limits.pool_tokens - (n - 1) * limits.page_size)
     longest = max(len(p) for p in prompts)
@@ -84,6 +104,35 @@ def prepare(
     sampling = _sampling(params, limit if limit is not None else room - longest, limits)
     return PreparedRequest(
         groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo, tools=tools
+    )
+
+
+def _windowed(
+    params: GenerationRequest,
+    prompts: list[list[int]],
+    groups: list[PromptGroup],
+    echo: list[str] | None,
+    limits: EngineLimits,
+) -> PreparedRequest:
+    """`prepare`'s limits for a windowed request: bounded pages instead of a bounded length."""
+    pages = limits.window_pages
+    carry = groups[0].carry
+    if carry is not None:  # the head and the pinned turn's pages (one more where it straddles)
+        pages += (
+            -(-carry.head // limits.page_size) + -(-(carry.pin_end - carry.pin_start) // limits.page_size) + 1
+        )
+    if params.n * pages * limits.page_size > limits.pool_tokens:
+        raise InvalidRequest(
+            f"{params.n} windowed choices need {params.n * pages} KV pages; the pool has "
+            f"{limits.pool_tokens // limits.page_size}",
+            param="n",
+        )
+    limit = params.token_limit
+    if limit is not None and limit < 1:
+        raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+    sampling = _sampling(params, limit if limit is not None else limits.max_context, limits)
+    return PreparedRequest(
+        groups=groups, params=sampling, prompt_tokens=sum(len(p) for p in prompts), echo=echo
     )
 
 

@@ -23,8 +23,8 @@ from adapters.local.attention import (
     ScatteredPages,
     SharedRun,
     page_runs,
-    segments,
-    split_runs,
+    run_segments,
+    split_run_list,
 )
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import EXACT_PROMPT_TOKENS
@@ -55,6 +55,8 @@ class ModelRunner:
     def run(self, step: ScheduledStep) -> StepOutput:
         """Compute the step's tokens, write their K/V, advance `num_computed` (drafts not counted:
         their K/V counts once accepted), return logits."""
+        for pages, shift in step.rotations:
+            self.model.shift_keys(self.pool, pages, shift)  # a window slid: its keys move back
         batch, sampled, first_rows = self._build(step)
         logits = self.model.forward(batch, self.pool)
         for seq in step.decodes:
@@ -71,29 +73,36 @@ class ModelRunner:
         rows: list[int] = []
         sampled: list[Sequence] = []
         first_rows: list[int] = []
-        contexts: list[tuple[list[int], int]] = []  # each decode row's (page table, context tokens)
+        contexts: list[list[PageRun]] = []  # the page runs each decode row attends to
+
+        def place(seq: Sequence, pos: int, token: int) -> None:
+            tokens.append(token)
+            window = seq.window
+            if window is None:
+                positions.append(pos)
+                slots.append(seq.pages[pos // ps] * ps + pos % ps)
+            else:
+                positions.append(window.position(pos))
+                slots.append(seq.pages[window.page_index(pos)] * ps + pos % ps)
 
         def add(seq: Sequence, start: int, count: int) -> None:
             for pos in range(start, start + count):
-                tokens.append(seq.tokens[pos])
-                positions.append(pos)
-                slots.append(seq.pages[pos // ps] * ps + pos % ps)
+                place(seq, pos, seq.tokens[pos])
 
         for seq in step.decodes:
             first_rows.append(len(rows))
             sampled.append(seq)
             start = seq.num_computed
+            # A sequence's draft tokens are verified as rows after its last one (a windowed
+            # sequence has none: `EngineCore._enqueue`).
             for offset, token in enumerate([seq.tokens[start], *seq.draft]):
-                pos = start + offset
                 rows.append(len(tokens))
-                tokens.append(token)
-                positions.append(pos)
-                slots.append(seq.pages[pos // ps] * ps + pos % ps)
-                contexts.append((seq.pages, pos + 1))
+                place(seq, start + offset, token)
+                contexts.append(self._context(seq, start + offset + 1))
         prefills = []
         for seq, chunk in step.prefills:
             start = len(tokens)
-            prefix = self._prefix_plan(seq.pages, seq.num_computed) if seq.num_computed else None
+            prefix = self._prefix_plan(self._context(seq, seq.num_computed)) if seq.num_computed else None
             add(seq, seq.num_computed, chunk)
             int8 = seq.prompt_len > EXACT_PROMPT_TOKENS
             prefills.append(PrefillSegment(start=start, length=chunk, prefix=prefix, int8=int8))
@@ -111,22 +120,29 @@ class ModelRunner:
         )
         return batch, sampled, first_rows
 
-    def _prefix_plan(self, pages: list[int], tokens: int) -> PrefixPlan:
-        runs, rest, rest_tokens = split_runs(pages, tokens, self.page_size)
+    def _context(self, seq: Sequence, tokens: int) -> list[PageRun]:
+        """The runs of pages the first `tokens` tokens of `seq` attend to (a window's sinks and
+        window when it has one)."""
+        if seq.window is not None:
+            return seq.window.visible_runs(seq.pages, tokens)
+        return page_runs(seq.pages, tokens, self.page_size)
+
+    def _prefix_plan(self, context: list[PageRun]) -> PrefixPlan:
+        runs, rest, rest_tokens = split_run_list(context, self.page_size)
         scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
         return PrefixPlan(runs=runs, scattered=scattered)
 
-    def _decode_plan(self, contexts: list[tuple[list[int], int]]) -> DecodePlan:
-        """Decode rows with contexts (page table, tokens). A prefix shared from the cache (or by
-        one sequence's verification rows) becomes one run that all its rows attend to in a single
+    def _decode_plan(self, contexts: list[list[PageRun]]) -> DecodePlan:
+        """Decode rows with their contexts (page runs). A prefix shared from the cache (or by one
+        sequence's verification rows) becomes one run that all its rows attend to in a single
         call; long runs of a sequence's own are attended in place, one call each; the short rest
         of every row is gathered into one padded call."""
         ps = self.page_size
         if self.model.attends_in_kernel:
             return DecodePlan(
-                count=len(contexts), runs=[], gathered=None, merge=False, segments=segments(contexts, ps)
+                count=len(contexts), runs=[], gathered=None, merge=False, segments=run_segments(contexts, ps)
             )
-        firsts = [page_runs(pages, tokens, ps)[0] for pages, tokens in contexts]
+        firsts = [context[0] for context in contexts]
         by_start: dict[int, list[int]] = defaultdict(list)
         for i, run in enumerate(firsts):
             by_start[run.first_page].append(i)
@@ -141,8 +157,8 @@ class ModelRunner:
                     skip[i] = common
         parts = [int(t > 0) for t in skip]
         gather: list[tuple[int, list[int], int]] = []
-        for i, (pages, tokens) in enumerate(contexts):
-            own, rest, rest_tokens = split_runs(pages[skip[i] // ps :], tokens - skip[i], ps)
+        for i, context in enumerate(contexts):
+            own, rest, rest_tokens = split_run_list(_drop_front(context, skip[i], ps), ps)
             runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
             parts[i] += len(own) + bool(rest)
             if rest:
@@ -162,3 +178,13 @@ class ModelRunner:
             pages=torch.tensor(table, dtype=torch.long),
             mask=mask[:, None, None, :],
         )
+
+
+def _drop_front(runs: list[PageRun], tokens: int, page_size: int) -> list[PageRun]:
+    """`runs` without their first `tokens` tokens: whole pages of the first run, read by a shared run."""
+    if tokens == 0:
+        return runs
+    first = runs[0]
+    if first.tokens <= tokens:
+        return runs[1:]
+    return [PageRun(first.first_page + tokens // page_size, first.tokens - tokens), *runs[1:]]

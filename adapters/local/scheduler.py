@@ -14,6 +14,11 @@ Every step (nano-vllm's schedule -> run -> postprocess):
    this step. A request that shares a longer prefix with a sequence still prefilling than the
    cache holds waits for it (in-batch prefix sharing): next step that prefix is cached.
 
+A windowed sequence (`window`) slides before its work is scheduled (`window_paging`): pages that
+fall out of its window go back to the pool, and the rotations its kept keys need ride on the
+step for the runner. Its pages are allocated chunk by chunk, never for the whole prompt, and a
+prompt that continues an earlier windowed conversation takes over that one's kept cache.
+
 The scheduler deals in page ids and token counts; tensors belong to the runner.
 """
 
@@ -29,6 +34,8 @@ from adapters.errors import EngineError
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
+from adapters.local.window import Carry, WindowState
+from adapters.local.window_paging import WindowPaging
 
 _WAIT_FOR_TOKENS = 64
 """Prompt tokens a request must stand to gain before it waits a step for another's prefill."""
@@ -41,6 +48,8 @@ class ScheduledStep:
 
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    rotations: list[tuple[list[int], int]] = field(default_factory=list)
+    """(pages, shift): keys to move `shift` positions back before the step runs (windows that slid)."""
 
 
 class Scheduler:
@@ -66,11 +75,16 @@ class Scheduler:
         self._reserved: dict[int, list[int]] = {}  # seq_id -> pages set aside for its forks' copies
         self._order = itertools.count()
         self.preemptions = 0
+        self.windows = WindowPaging(pool, cache, self._alloc)
+        """Windowed sequences' slides, rotations and reuse, with their figures."""
         self.queue_time = LatencyHistogram(QUEUE_TIME_BUCKETS)
         """Seconds from submission to first admission, per request."""
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a group leader (its sibling choices ride in `seq.forks`)."""
+    def add(self, seq: Sequence, carry: Carry | None = None) -> None:
+        """Queue a group leader (its sibling choices ride in `seq.forks`); `carry`: what of a
+        windowed prompt its window never cuts."""
+        if seq.job.window is not None:
+            seq.window = WindowState(seq.job.window, self.page_size, carry)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -79,36 +93,42 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """Pick this step's work (possibly empty when the pool cannot admit anyone)."""
         step = ScheduledStep()
+        self.windows.begin_step()
         for seq in list(self.running):
             # Skips sequences preempted earlier in this loop.
             if seq.status is Status.RUNNING and not seq.in_prefill and self._ensure_slot(seq):
                 step.decodes.append(seq)
         budget = self.max_prefill_tokens if step.decodes else self.max_idle_prefill_tokens
-        for seq in self.running:
-            if seq.in_prefill and budget > 0:
-                chunk = min(budget, seq.remaining)
+        for seq in list(self.running):
+            if seq.status is Status.RUNNING and seq.in_prefill and budget > 0:
+                chunk = self._chunk(seq, min(budget, seq.remaining))
                 budget -= chunk
-                step.prefills.append((seq, chunk))
+                if chunk:
+                    step.prefills.append((seq, chunk))
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(self.running) + 1 + len(seq.forks) > self.max_running or not self._admit(seq):
                 break
             self.waiting.popleft()
-            chunk = min(budget, seq.remaining)
+            chunk = self._chunk(seq, min(budget, seq.remaining))
             budget -= chunk
-            step.prefills.append((seq, chunk))
+            if chunk:
+                step.prefills.append((seq, chunk))
+        step.rotations = self.windows.rotations()
         return step
 
     def fork(self, leader: Sequence) -> list[Sequence]:
         """Start the leader's sibling choices on its prompt KV: full pages shared, the partial one copied."""
         children, leader.forks = leader.forks, []
         reserved = self._reserved.pop(leader.seq_id, [])
-        full = leader.num_computed // self.page_size
+        held = self._held_pages(leader, leader.num_computed)
+        full = held - (leader.num_computed % self.page_size != 0)
         for child in children:
             shared = leader.pages[:full]
             self.pool.retain(shared)
             child.pages = list(shared)
-            if full < len(leader.pages):
+            child.window = leader.window.copy() if leader.window is not None else None
+            if full < held:
                 copy = reserved.pop()
                 self.pool.copy_page(leader.pages[full], copy)
                 child.pages.append(copy)
@@ -150,6 +170,7 @@ class Scheduler:
             self.waiting.remove(seq)
         if keep_kv:
             self._cache_progress(seq)
+            self.windows.keep(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         self.cache.enforce_cap()
@@ -182,12 +203,27 @@ class Scheduler:
     # ---- internals -----------------------------------------------------------------------
 
     def _admit(self, seq: Sequence) -> bool:
-        hit = self.cache.match(seq.salt, seq.tokens[:-1])
+        window = seq.window
+        # A windowed sequence reuses at most what it would compute before its first slide.
+        lookup = (
+            len(seq.tokens) - 1
+            if window is None
+            else min(len(seq.tokens) - 1, window.sinks + window.spec.size)
+        )
+        hit = self.cache.match(seq.salt, seq.tokens[:lookup])
         if self._worth_waiting(seq, hit.tokens):
             self.cache.unlock(hit.node)
             self.pool.release(hit.pages)
             return False
-        need = -(-len(seq.tokens) // self.page_size) - len(hit.pages)
+        if window is not None and self.windows.resume(seq, hit.tokens):
+            self.cache.unlock(hit.node)
+            self.pool.release(hit.pages)
+            return self._admit_resumed(seq)
+        # A windowed sequence takes pages for its first chunk only (`_chunk` adds the rest).
+        upto = (
+            len(seq.tokens) if window is None else min(len(seq.tokens), hit.tokens + window.room(hit.tokens))
+        )
+        need = max(0, -(-upto // self.page_size) - len(hit.pages))
         partial = seq.prompt_len % self.page_size != 0 and seq.output_len == 0
         extra = len(seq.forks) if partial else 0
         fresh = self._alloc(need + extra)
@@ -203,6 +239,8 @@ class Scheduler:
         if seq.output_len == 0:
             seq.cached_tokens = hit.tokens
             self.cache.record(seq.prompt_len, hit.tokens)
+            if window is not None:
+                self.windows.admitted(seq, hit.tokens)
         self._start(seq)
         return True
 
@@ -225,16 +263,43 @@ class Scheduler:
         self.running.append(seq)
 
     def _ensure_slot(self, seq: Sequence) -> bool:
-        """Make sure `seq` has a page for its next token; False if `seq` itself had to be preempted."""
-        while len(seq.pages) * self.page_size <= seq.num_computed:
+        """Make sure `seq` has a page for its next token (its window slid first, when it has one);
+        False if `seq` itself had to be preempted."""
+        while not (seq.window is None or self.windows.slide(seq, 1, keep=0)):
+            if self._preempt_latest(seq):
+                return False
+        while len(seq.pages) < self._held_pages(seq, seq.num_computed + 1):
             pages = self._alloc(1)
             if pages is not None:
                 seq.pages.extend(pages)
                 continue
-            victim = max(self.running, key=lambda s: s.admitted_at)
-            self._preempt(victim)
-            if victim is seq:
+            if self._preempt_latest(seq):
                 return False
+        return True
+
+    def _preempt_latest(self, seq: Sequence) -> bool:
+        """Preempt the most recently admitted sequence to free pages; True when that was `seq`."""
+        victim = max(self.running, key=lambda s: s.admitted_at)
+        self._preempt(victim)
+        return victim is seq
+
+    def _held_pages(self, seq: Sequence, tokens: int) -> int:
+        """Entries of `seq`'s page table that hold its first `tokens` tokens."""
+        if seq.window is not None:
+            return seq.window.held_pages(tokens)
+        return -(-tokens // self.page_size)
+
+    def _chunk(self, seq: Sequence, chunk: int) -> int:
+        """Prompt tokens `seq` computes this step, at most `chunk` (a windowed one's may be fewer)."""
+        return chunk if seq.window is None else self.windows.chunk(seq, chunk)
+
+    def _admit_resumed(self, seq: Sequence) -> bool:
+        """`seq` took over a kept window (`WindowPaging.resume`): it starts after that history."""
+        if seq.output_len == 0:
+            seq.cached_tokens = seq.num_computed
+            self.cache.record(seq.prompt_len, seq.num_computed)
+            self.windows.admitted(seq, seq.num_computed)
+        self._start(seq)
         return True
 
     def _alloc(self, count: int) -> list[int] | None:
@@ -242,20 +307,30 @@ class Scheduler:
         if pages is None:
             self.cache.evict(count - self.pool.free_pages)
             pages = self.pool.alloc(count)
+        if pages is None:  # kept windows waiting for reuse go last
+            self.windows.kept.evict(count - self.pool.free_pages)
+            pages = self.pool.alloc(count)
         return pages
 
     def _preempt(self, seq: Sequence) -> None:
         self.preemptions += 1
         self.running.remove(seq)
         self._cache_progress(seq)
+        if seq.window is not None:  # its kept cache waits for it (or it recomputes from the start)
+            self.windows.forget(seq)
+            self.windows.keep(seq)
         self._release(seq)
         seq.num_computed = 0
+        if seq.window is not None:
+            seq.window.reset()
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
     def _cache_progress(self, seq: Sequence) -> None:
         if not self.cache.enabled or seq.num_computed < self.page_size:
             return
+        if seq.window is not None and seq.window.slid:
+            return  # its pages no longer hold the prefix in order
         node = self.cache.insert(seq.salt, seq.tokens[: seq.num_computed], seq.pages)
         self.cache.lock(node)
         if seq.lock is not None:

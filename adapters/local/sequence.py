@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 from adapters.local.grammar import GrammarState, OutputGrammar
 from adapters.local.sampling import SamplerState, SamplingParams, TokenLogprob
 from adapters.local.text_stream import TextStream
+from adapters.local.window import Carry, WindowSpec, WindowState
 from cachelayer.radix import RadixNode
 
 
@@ -68,6 +69,8 @@ class PromptGroup:
     prompt: list[int]
     first_index: int
     n: int
+    carry: Carry | None = None
+    """What of a windowed chat prompt its window never cuts (`adapters.local.carry`)."""
 
 
 @dataclass(slots=True)
@@ -85,6 +88,8 @@ class GenerationJob:
     """When the request was handed to the engine (its queue time starts here)."""
     grammar: OutputGrammar | None = None
     """The grammar every choice's output must follow (`adapters.local.grammar`); None: free."""
+    window: WindowSpec | None = None
+    """Attend with sinks and a sliding window (`adapters.local.window`); None: to every token."""
 
 
 class Status(enum.Enum):
@@ -122,6 +127,7 @@ class Sequence:
         "status",
         "text",
         "tokens",
+        "window",
     )
 
     def __init__(
@@ -147,6 +153,8 @@ class Sequence:
         """True for the group's first choice, which reports the group's cached tokens."""
         self.lock: RadixNode[int] | None = None
         """The radix node locked while this sequence uses the cached pages under it."""
+        self.window: WindowState | None = None
+        """Set by the scheduler for a windowed job: which tokens are kept, at which positions."""
         self.forks: list[Sequence] = []
         """Sibling choices waiting for this sequence's prompt KV."""
         self.beam: BeamGroup | None = None

@@ -8,8 +8,8 @@ A cached endpoint is the plain OpenAI route with the seed's extras:
   (speculative decoding for this request in the embedded engine; left out: the engine's default;
   other engines ignore it; when true, the `[speculative]` section's `temperature`, `top_k` and
   `top_p` fill in whichever of them the request leaves out, as the seed's speculative sampling
-  settings), `enable_sliding_window` (accepted and validated; the feature does not
-  exist, so it changes nothing);
+  settings) and `enable_sliding_window` (the embedded engine attends with its sliding window, or
+  not; absent: the `[sliding_window] enabled` default);
 - response extras: `usage.cached_tokens`, `cache_stats`, `performance`, `request_id`. A JSON answer
   carries them at the top level; a stream gets one extra chunk with no choices just before `[DONE]`.
 
@@ -23,10 +23,11 @@ this answer (all of them on a response-cache hit, else the engine's reported pre
 `prefix_matches` is 1 when the engine reused a cached prefix for this request; `speculation_hits`
 is the draft tokens the engine accepted for it (its
 `usage.completion_tokens_details.accepted_prediction_tokens`; 0 on a response-cache hit);
-`window_reuse` is 0 (not implemented). `performance.cache_time_ms` is the lookup (and on a hit the
-replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this answer's
-response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second of
-`total_time_ms` (null when the answer reports no usage).
+`window_reuse` is 1 when the request asked for the sliding window (`enable_sliding_window: true`)
+and its kept cache started from cached pages. `performance.cache_time_ms` is the lookup (and on a
+hit the replay), `inference_time_ms` the engine's part, `memory_usage_bytes` the size of this
+answer's response-cache entry (0 when bypassed), `tokens_per_second` completion tokens per second
+of `total_time_ms` (null when the answer reports no usage).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class CacheExtras(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     enable_caching: bool = True
     enable_speculation: bool | None = None
-    enable_sliding_window: bool = False
+    enable_sliding_window: bool | None = None
     cache_key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_KEY)] | None = None
     request_id: (
         Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_REQUEST_ID, pattern=PRINTABLE_ASCII)]
@@ -96,6 +97,7 @@ def cached_handlers(
             enable_caching=extras.enable_caching,
             label=extras.cache_key,
             speculation=extras.enable_speculation,
+            sliding_window=extras.enable_sliding_window,
         )
         call = GenerationCall(operation, body, request.tenant, request_id, request.cache_control, cached)
         await answer(

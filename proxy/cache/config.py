@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.local.config import LocalEngineConfig
+from adapters.local.config import DEFAULT_SINK_TOKENS, LocalEngineConfig
 from cachelayer.disk import DiskTierConfig
 from cachelayer.memory import MemoryTierConfig
 from cachelayer.remote import RedisTierConfig
@@ -138,11 +138,14 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowConfig:
-    """`[sliding_window]`: parsed and validated; radixgate does not implement sliding-window attention."""
+    """`[sliding_window]`: the embedded engine's sinks plus sliding window (`adapters.local.window`)."""
 
     window_size: int
     window_overlap: int
     use_flash_attention: bool
+    enabled: bool = False
+    """The default of requests that do not say (`enable_sliding_window`)."""
+    sink_tokens: int = DEFAULT_SINK_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,10 +271,17 @@ def local_engine_config(settings: Settings) -> LocalEngineConfig:
     evicts (and, written behind, those it keeps) are offloaded to memory and to `DIR/kv`, unless
     `local_engine.kv_offload_dir` names another directory. `cache.shutdown_flush_s` bounds the
     engine's flush of pages to disk at shutdown; `[speculative]`'s keys, where set, replace the
-    engine's own speculative decoding settings."""
-    spec = cache_config(settings).speculative
+    engine's own speculative decoding settings; `[sliding_window]` sets its window."""
+    cache = cache_config(settings)
+    spec, window = cache.speculative, cache.sliding_window
     engine = replace(
-        settings.local_engine, kv_shutdown_flush_s=settings.cache.shutdown_flush_s, beam_width=spec.beam_width
+        settings.local_engine,
+        kv_shutdown_flush_s=settings.cache.shutdown_flush_s,
+        beam_width=spec.beam_width,
+        sliding_window=window.enabled,
+        window_size=window.window_size,
+        window_overlap=window.window_overlap,
+        window_sink_tokens=window.sink_tokens,
     )
     if spec.enabled is not None:
         engine = replace(engine, speculative=spec.enabled)

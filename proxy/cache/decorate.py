@@ -168,6 +168,8 @@ class AnswerDecorator:
             cache_misses=tenant.misses + tenant.refreshes,
             prefix_matches=int(not hit and engine_cached > 0),
             speculation_hits=usage.accepted_prediction_tokens if usage is not None and not hit else 0,
+            # A request that asked for the window and whose kept cache started from cached pages.
+            window_reuse=int(not hit and engine_cached > 0 and call.sliding_window is True),
         )
         performance = PerformanceExtra(
             total_time_ms=round(total * 1e3, 3),

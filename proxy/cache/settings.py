@@ -13,9 +13,10 @@
 
 Keys left out of `[kv_cache]`, `[speculative]`, `[sliding_window]` and `[monitoring]` are None here and
 take the preset's value in `proxy.cache.config.ContextCacheConfig`. `[speculative]`'s `enabled`,
-`max_draft_tokens` and `draft_sources` drive the embedded engine's speculative decoding; its sampling
-keys and `[sliding_window]` are parsed and validated, but not implemented: `/v1/cache/stats` says
-so. `check_cache_settings` catches what msgspec's per-field constraints cannot.
+`max_draft_tokens` and `draft_sources` drive the embedded engine's speculative decoding (its sampling
+keys fill what a speculating `/v1/cached/*` request leaves out); `[sliding_window]` configures the
+embedded engine's sliding-window attention (`adapters.local.window`). `check_cache_settings` catches
+what msgspec's per-field constraints cannot.
 """
 
 from __future__ import annotations
@@ -131,9 +132,12 @@ class SpeculativeSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkn
 
 
 class SlidingWindowSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[sliding_window]`: validated and reported in `/v1/cache/stats`; sliding-window attention is not
-    built."""
+    """`[sliding_window]`: the embedded engine's sliding-window attention with attention sinks."""
 
+    enabled: bool | None = None
+    """Requests that do not say (`enable_sliding_window`) attend with the window; default false."""
+    sink_tokens: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    """First tokens every windowed token attends to (StreamingLLM's sinks); default 4."""
     window_size: WindowSize | None = None
     window_overlap: Annotated[int, msgspec.Meta(ge=0)] | None = None
     """Tokens two windows share; must be smaller than `window_size`."""
@@ -162,6 +166,11 @@ def check_cache_settings(
     if policy is not None and policy.lower() not in POLICY_NAMES:
         raise CacheSettingsError(
             "kv_cache.eviction_policy", f"expected one of {', '.join(POLICY_NAMES)}, got {policy!r}"
+        )
+    if sliding_window.use_flash_attention is False:
+        raise CacheSettingsError(
+            "sliding_window.use_flash_attention",
+            "attention is always blockwise (flash); false is not supported",
         )
     overlap = sliding_window.window_overlap
     if overlap is not None and overlap >= window_size:

@@ -12,8 +12,8 @@ Rates are percentages (0-100), as in the seed. Field meanings where the seed lea
 - `cache_manager.radix_tree`: see `proxy.cache.radix_stats`.
 - `speculation`: the embedded engines' speculative decoding (`proxy.cache.speculation_stats`), and
   the configured values from `[speculative]`.
-- `sliding_window`: not implemented; `implemented: false`, every figure 0, and the configured values
-  from `[sliding_window]`.
+- `sliding_window`: the embedded engines' sliding windows (see `proxy.cache.window_stats`; rates in
+  percent) and the configured values from `[sliding_window]`.
 - `overall` has no `efficiency_score`: radixgate defines no such score, and a made-up figure would
   mislead. `background_tasks_active` is true while the warm file runs (trend samples are taken on
   requests). `warming` reports the warm file's progress (`proxy.cache.warm_file`).
@@ -34,9 +34,11 @@ from proxy.cache.kv_pages import KvPagesStats, OffloadFigures, kv_offloads, kv_p
 from proxy.cache.radix_stats import RadixTreeStats, percent, radix_stats
 from proxy.cache.speculation_stats import SpeculationStats, speculation_stats
 from proxy.cache.warm_file import WarmProgress
+from proxy.cache.window_stats import window_totals
 from proxy.routing.pool import WorkerPool
 
 NOT_IMPLEMENTED = "radixgate does not implement this feature; the figures are zero, not measured"
+WINDOW_NOTE = "the embedded engines' windows; upstream engines report none"
 
 
 class TierStats(msgspec.Struct, kw_only=True):
@@ -90,8 +92,8 @@ class ResponseCacheStats(msgspec.Struct, kw_only=True):
 
 
 class SlidingWindowStats(msgspec.Struct, kw_only=True):
-    implemented: bool = False
-    note: str = NOT_IMPLEMENTED
+    implemented: bool = True
+    note: str = WINDOW_NOTE
     hits: int = 0
     misses: int = 0
     hit_rate: float = 0.0
@@ -195,7 +197,7 @@ def build_stats(
             response_cache=_response_cache(total, admission, enabled=enabled, shared=shared),
             radix_tree=radix,
             speculation=speculation_stats(router, config.speculative),
-            sliding_window=SlidingWindowStats(configured=config.sliding_window),
+            sliding_window=_sliding_window(router, config.sliding_window),
         ),
         overall=OverallStats(
             hit_rate=percent(total.hit_rate),
@@ -263,4 +265,18 @@ def _response_cache(
         admission=admission.policy,
         admission_selective=admission.selective,
         hit_rate=percent(total.hit_rate),
+    )
+
+
+def _sliding_window(router: WorkerPool, configured: SlidingWindowConfig) -> SlidingWindowStats:
+    totals = window_totals(router)
+    lookups = totals.hits + totals.misses
+    return SlidingWindowStats(
+        hits=totals.hits,
+        misses=totals.misses,
+        hit_rate=percent(totals.hits / lookups) if lookups else 0.0,
+        memory_bytes=totals.memory_bytes,
+        evictions=totals.evictions,
+        utilization=percent(totals.utilization),
+        configured=configured,
     )

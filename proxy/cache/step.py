@@ -62,6 +62,8 @@ class CachedCall:
     """The request's `cache_key`: opts a sampled request in and partitions entries."""
     speculation: bool | None = None
     """The request's `enable_speculation` (None: the engine's default)."""
+    sliding_window: bool | None = None
+    """The request's `enable_sliding_window` (None: the engine's default); reaches the engine."""
     outcome: Outcome = "bypass"
     cache_started: float | None = None
     """`perf_counter()` when the lookup began (None when there was none)."""
@@ -250,6 +252,8 @@ class ResponseCacheStep:
         """The cache key of `request`, or None when the response cache is off."""
         if self.cache is None:
             return None
+        if request.sliding_window is not None:  # an answer with (or without) the window is another answer
+            label = f"{label or ''}\x00sliding_window={int(request.sliding_window)}"
         try:
             return self.cache.key(
                 request.raw_body,

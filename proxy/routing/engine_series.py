@@ -15,6 +15,11 @@ export the same from their `/metrics`):
     radixgate_engine_speculative_verify_steps_total{worker}            sequence-steps that verified a draft
     radixgate_engine_speculative_emitted_tokens_total{worker}          tokens those steps emitted
     radixgate_engine_speculative_early_stops_total{worker}             drafts rejected before their end
+    radixgate_engine_window_kv_pages{worker}            KV pages running windowed sequences hold
+    radixgate_engine_window_utilization_ratio{worker}   those pages against the most they may hold
+    radixgate_engine_window_hits_total{worker}          windowed prompts whose kept cache was reused
+    radixgate_engine_window_misses_total{worker}        windowed prompts that computed it from scratch
+    radixgate_engine_window_evicted_pages_total{worker}  pages slid out of windows, back to the pool
 
 Engines that report no such figures (remote workers, whose own `/metrics` has them) add nothing.
 """
@@ -46,6 +51,12 @@ class EngineFigures(Protocol):
     pool_pages_free: int
     queue_time: LatencyFigures
     inter_token_latency: LatencyFigures
+    window_hits: int
+    window_misses: int
+    window_slid_pages: int
+    window_pages: int
+    window_capacity_pages: int
+    window_kept_pages: int
 
 
 class SourceCounts(Protocol):
@@ -100,6 +111,12 @@ _GAUGES: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
             (f.pool_pages_total - f.pool_pages_free) / f.pool_pages_total if f.pool_pages_total else 0.0
         ),
     ),
+    ("engine_window_kv_pages", "KV pages running windowed sequences hold.", lambda f: f.window_pages),
+    (
+        "engine_window_utilization_ratio",
+        "KV pages running windowed sequences hold against the most they may hold, 0..1.",
+        lambda f: f.window_pages / f.window_capacity_pages if f.window_capacity_pages else 0.0,
+    ),
 )
 
 
@@ -115,6 +132,17 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
         "engine_prefix_query_tokens",
         "Prompt tokens looked up in the prefix cache.",
         lambda f: f.cache_query_tokens,
+    ),
+    (
+        "engine_window_hits",
+        "Windowed prompts whose kept cache started from cached pages.",
+        lambda f: f.window_hits,
+    ),
+    ("engine_window_misses", "Windowed prompts that computed their kept cache.", lambda f: f.window_misses),
+    (
+        "engine_window_evicted_pages",
+        "KV pages that slid out of sliding windows, back to the pool.",
+        lambda f: f.window_slid_pages,
     ),
 )
 _HISTOGRAMS: tuple[tuple[str, str, Callable[[EngineFigures], LatencyFigures]], ...] = (

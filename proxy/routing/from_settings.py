@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from adapters.base import Engine
-from adapters.local.config import default_model_path
+from adapters.local.config import WINDOW_KEYS, default_model_path
 from proxy.routing.config import WorkerSpec
 from proxy.routing.launch import DEFAULT_STARTUP_TIMEOUT_S, Launcher
 from proxy.routing.pool import WorkerPool
@@ -75,8 +75,16 @@ def child_worker_toml(settings: Settings) -> str:
     engine = dataclasses.replace(local_engine_config(settings), kv_offload_dir=None)
     lines = ["[server]", f"log_level = {json.dumps(settings.server.log_level)}", "", "[local_engine]"]
     for name, value in dataclasses.asdict(engine).items():
-        if value is not None:
+        if value is not None and name not in WINDOW_KEYS:
             lines.append(f"{name} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
+    lines += [
+        "",
+        "[sliding_window]",  # the window is configured there, not in [local_engine]
+        f"enabled = {json.dumps(engine.sliding_window)}",
+        f"window_size = {engine.window_size}",
+        f"window_overlap = {engine.window_overlap}",
+        f"sink_tokens = {engine.window_sink_tokens}",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -134,6 +134,12 @@ def test_overrides_apply_key_by_key_over_the_default_preset() -> None:
         ("[speculative]\ntop_p = 0", "invalid setting speculative.top_p"),
         ("[sliding_window]\nwindow_size = 32", "invalid setting sliding_window.window_size"),
         ("[sliding_window]\nwindow_overlap = 256", "invalid setting sliding_window.window_overlap"),
+        ("[sliding_window]\nsink_tokens = 0", "invalid setting sliding_window.sink_tokens"),
+        (
+            "[sliding_window]\nuse_flash_attention = false",
+            "invalid setting sliding_window.use_flash_attention",
+        ),
+        ("[local_engine]\nwindow_size = 512", "invalid setting local_engine.window_size"),
         (
             "[monitoring]\ncollection_interval_seconds = 0",
             "invalid setting monitoring.collection_interval_seconds",
@@ -175,3 +181,15 @@ def test_cache_dir_turns_on_kv_offload_under_kv(tmp_path: Path) -> None:
     own = LocalEngineConfig(kv_offload=True, kv_offload_dir=tmp_path / "elsewhere")
     explicit = local_engine_config(Settings(local_engine=own, cache=CacheSettings(dir=tmp_path)))
     assert explicit.kv_offload_dir == tmp_path / "elsewhere"
+
+
+def test_sliding_window_settings_reach_the_embedded_engine(tmp_path: Path) -> None:
+    path = tmp_path / "radixgate.toml"
+    path.write_text(
+        "[sliding_window]\nenabled = true\nwindow_size = 512\nwindow_overlap = 32\nsink_tokens = 8\n"
+    )
+    engine = local_engine_config(load_settings(str(path), environ={}))
+    assert (engine.sliding_window, engine.window_size, engine.window_overlap) == (True, 512, 32)
+    assert engine.window_sink_tokens == 8
+    default = local_engine_config(Settings())  # the development preset's window, off by default
+    assert (default.sliding_window, default.window_size, default.window_sink_tokens) == (False, 256, 4)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.cache.config import local_engine_config
 from proxy.config import SettingsError, load_settings
 from proxy.routing.from_settings import child_worker_toml
 from proxy.routing.launch import SGLangLaunchSettings, local_worker_command, sglang_command
@@ -94,6 +95,15 @@ def test_launched_workers_inherit_the_local_engine_settings() -> None:
     settings = load_settings(None, environ={}, overrides={"local_engine.max_running": 4})
     text = child_worker_toml(settings)
     assert "[local_engine]" in text and "max_running = 4" in text
+
+
+def test_launched_workers_inherit_the_sliding_window(tmp_path: Path) -> None:
+    overrides = {"sliding_window.enabled": True, "sliding_window.window_size": 512}
+    text = child_worker_toml(load_settings(None, environ={}, overrides=overrides))
+    path = tmp_path / "child.toml"
+    path.write_text(text)  # what the worker loads: the window from [sliding_window], not [local_engine]
+    child = local_engine_config(load_settings(str(path), environ={}))
+    assert (child.sliding_window, child.window_size, child.window_sink_tokens) == (True, 512, 4)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")

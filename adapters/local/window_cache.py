@@ -1,0 +1,91 @@
+"""Window reuse: the kept caches (sinks, pinned turn, window) of finished windowed sequences.
+
+A windowed conversation's next request starts with the whole history of the last one (the
+prompt, the answer, then the new turn). The radix cache cannot serve it once the window slid:
+its pages no longer hold the history in order. So a windowed sequence that slid leaves its
+kept cache here when it finishes, keyed by its salt and its full token history, and a later
+windowed prompt that starts with that history takes it over (a window hit) and computes only
+what follows. An entry is taken, not shared, so no page is ever rotated under another holder.
+
+Entries are dropped oldest first beyond `max_entries`, when the pool needs their pages, and on
+a cache flush.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from adapters.local.kv_pool import KVPool
+from adapters.local.window import WindowState
+
+DEFAULT_WINDOW_CACHE_ENTRIES = 16
+"""Kept caches held for reuse (about 1,100 pages at most with the default window)."""
+
+
+@dataclass(slots=True)
+class KeptWindow:
+    """One finished sequence's kept cache: its pages (references held here) and window state."""
+
+    salt: str
+    history: bytes
+    """The token ids the kept cache stands for, as int32 bytes (compared as a prefix)."""
+    tokens: int
+    pages: list[int]
+    window: WindowState
+
+
+class WindowCache:
+    """Kept caches by (salt, token history), least recently stored dropped first. Engine thread only."""
+
+    def __init__(self, pool: KVPool, max_entries: int = DEFAULT_WINDOW_CACHE_ENTRIES) -> None:
+        self.pool = pool
+        self.max_entries = max_entries
+        self._entries: OrderedDict[int, KeptWindow] = OrderedDict()
+        self._ids = 0
+
+    @property
+    def pages(self) -> int:
+        """Pages held for reuse."""
+        return sum(len(entry.pages) for entry in self._entries.values())
+
+    def keep(self, salt: str, tokens: list[int], pages: list[int], window: WindowState) -> None:
+        """Hold a finished sequence's kept cache (its page references move here)."""
+        history = array("i", tokens).tobytes()
+        for key, entry in list(self._entries.items()):
+            if entry.salt == salt and entry.history == history:
+                self._drop(key)
+        self._ids += 1
+        self._entries[self._ids] = KeptWindow(salt, history, len(tokens), pages, window)
+        while len(self._entries) > self.max_entries:
+            self._drop(next(iter(self._entries)))
+
+    def take(self, salt: str, tokens: list[int], at_least: int) -> KeptWindow | None:
+        """Remove and return the longest kept cache whose history `tokens` starts with and which
+        covers more than `at_least` tokens; None when there is none."""
+        prompt = array("i", tokens).tobytes()
+        best: tuple[int, KeptWindow] | None = None
+        for key, entry in self._entries.items():
+            fits = entry.salt == salt and entry.tokens > at_least and prompt.startswith(entry.history)
+            if fits and (best is None or entry.tokens > best[1].tokens):
+                best = (key, entry)
+        if best is None:
+            return None
+        del self._entries[best[0]]
+        return best[1]
+
+    def evict(self, pages: int) -> None:
+        """Drop the oldest entries until at least `pages` pages went back to the pool (or none is left)."""
+        freed = 0
+        while self._entries and freed < pages:
+            freed += self._drop(next(iter(self._entries)))
+
+    def clear(self) -> None:
+        while self._entries:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: int) -> int:
+        entry = self._entries.pop(key)
+        self.pool.release(entry.pages)
+        return len(entry.pages)
