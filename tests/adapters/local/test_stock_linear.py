@@ -1,9 +1,10 @@
 """Decode rows on packed weights through torch's kernels (`stock_linear`): the path of every host
 without the C kernels, run here on any host (`c_kernels = False`). Products close to the exact
-ones, prompt rows exact, the engine's answers batch-invariant, the usual answers unchanged."""
+ones, prompt rows exact, batched answers the single ones but at near ties, the usual answers unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -16,9 +17,10 @@ from adapters.local import LocalEngine
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.linear import DenseLinear, dequantize_q8_0, interleave_q4_1
 from adapters.local.loader import LoadedModel, load_model
+from adapters.local.sampling import SamplingParams, TokenLogprob
 from adapters.local.stock_linear import INT4_MAX_ROWS, Int4Linear, Int8Head, int4_linear, int8_head
 from tests.adapters.local.conftest import TEST_CONFIG, chat
-from tests.adapters.local.test_equivalence import chat_ids, run
+from tests.adapters.local.test_equivalence import chat_ids
 from tests.adapters.local.test_kernels import _gguf_tensor, _q4_1_weight
 
 STOCK = replace(TEST_CONFIG, c_kernels=False, decode_weights="packed")
@@ -110,21 +112,58 @@ async def test_chat_still_says_paris(stock_engine: LocalEngine) -> None:
     assert "Paris" in answer.body.decode()
 
 
+NEAR_TIE = 0.25
+"""Widest top-two logprob gap at which a batched greedy answer may leave the single one. The torch
+path is not bitwise batch-invariant: decode attention is split by page runs and merged (shared
+prefixes, cached pages, gathered rests differ with what shares a step), the flash kernel's result
+for a row depends on how many rows share its call, and RoPE differs between decode-only and mixed
+steps. Those last-bit differences flip bf16 roundings of the int4 kernel's activations, which moved
+a token's logprob by up to 0.12 (measured: `benchmarks/results/engine_quantized.md`); and the int8
+head's bf16 logits step by 0.125 between 16 and 32, so exact ties are common."""
+LOGPROBS = SamplingParams(max_tokens=24, temperature=0.0, logprobs=True, top_logprobs=2)
+
+
+def _greedy_logprobs(engine: LocalEngine, prompts: list[list[int]]) -> list[list[TokenLogprob]]:
+    """Each prompt's chosen tokens with their top two alternatives, all prompts at once."""
+
+    async def one(prompt: list[int]) -> list[TokenLogprob]:
+        chosen: list[TokenLogprob] = []
+        async for deltas in engine.generate_stream(prompt, LOGPROBS):
+            for delta in deltas:
+                chosen.extend(delta.logprobs)
+        return chosen
+
+    async def go() -> list[list[TokenLogprob]]:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    return asyncio.run(go())
+
+
 @pytest.mark.slow
-def test_batched_and_mixed_steps_give_the_single_answers(
+def test_batched_and_mixed_steps_answer_as_single_up_to_near_ties(
     stock_engine: LocalEngine, stock: LoadedModel
 ) -> None:
-    """Decode rows take int4 products and prompt rows exact ones whatever shares the step: four
-    prompts together (their decode rows batched, late prefills beside earlier decodes) answer as
-    each alone."""
+    """Four prompts together (decode rows batched, cached prefixes, late prefills beside earlier
+    decodes) answer as each alone, or leave that answer only where its top two tokens were within
+    `NEAR_TIE` and for the other of the two; until then the logprobs agree to within it."""
     prompts = [
         chat_ids(stock, "What do radix trees store?"),
         stock.tokenizer.encode("Eviction removes"),
         chat_ids(stock, "Name one use."),
         stock.tokenizer.encode("A lookup walks from the root"),
     ]
-    alone = [run(stock_engine, [p])[0].token_ids for p in prompts]
-    assert [g.token_ids for g in run(stock_engine, prompts)] == alone
+    alone = [_greedy_logprobs(stock_engine, [p])[0] for p in prompts]
+    together = _greedy_logprobs(stock_engine, prompts)
+    for single, batched in zip(alone, together, strict=True):
+        assert len(single) == LOGPROBS.max_tokens and all(len(t.top) == 2 for t in single)
+        same = [a.token_id == b.token_id for a, b in zip(single, batched, strict=False)]
+        common = same.index(False) if False in same else len(same)
+        for a, b in zip(single[:common], batched[:common], strict=True):
+            assert abs(a.logprob - b.logprob) < NEAR_TIE
+        if common < len(single):
+            (first, best), (second, runner_up) = single[common].top
+            assert best - runner_up <= NEAR_TIE
+            assert batched[common].token_id in (first, second)
 
 
 def test_decode_weights_is_checked() -> None:
