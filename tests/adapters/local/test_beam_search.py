@@ -149,3 +149,15 @@ def test_beam_search_refusals(engine: LocalEngine) -> None:
         assert refused.value.param == param
     with pytest.raises(InvalidRequest):
         complete(engine, "Hi", max_tokens=4, length_penalty=2.0)
+
+
+def test_beam_search_refuses_a_grammar_and_an_asked_for_window(engine: LocalEngine) -> None:
+    """Beams advance no grammar and share pages a window would rotate: both are 400s naming the field."""
+    with pytest.raises(InvalidRequest) as refused:
+        complete(engine, "Hi", max_tokens=4, use_beam_search=True, response_format={"type": "json_object"})
+    assert refused.value.param == "response_format"
+    request = chat("Hi", max_tokens=4, use_beam_search=True)
+    request.sliding_window = True
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(engine.complete(request))
+    assert refused.value.param == "enable_sliding_window"
