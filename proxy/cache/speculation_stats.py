@@ -65,7 +65,8 @@ def speculation_stats(router: WorkerPool, configured: SpeculativeConfig) -> Spec
         return SpeculationStats(implemented=False, note=NOT_REPORTED, configured=configured)
     counted = upstream_totals(upstream)
     drafted = sum(f.drafted_tokens for f in reports) + counted.drafted
-    accepted = sum(f.accepted_tokens for f in reports) + counted.accepted
+    embedded_accepted = sum(f.accepted_tokens for f in reports)
+    accepted = embedded_accepted + counted.accepted
     steps = sum(f.verify_steps for f in reports) + counted.steps
     by_source: dict[str, list[int]] = {}
     for figures in reports:
@@ -80,7 +81,7 @@ def speculation_stats(router: WorkerPool, configured: SpeculativeConfig) -> Spec
         misses=drafted - accepted,
         hit_rate=percent(accepted / drafted) if drafted else 0.0,
         tokens_generated=sum(f.tokens_generated for f in reports) + counted.tokens,
-        avg_depth=round(accepted / steps, 3) if steps else 0.0,
+        avg_depth=round((embedded_accepted + counted.stepped_accepted) / steps, 3) if steps else 0.0,
         early_stops=sum(f.early_stops for f in reports) + beam_early,
         verify_steps=steps,
         beam_searches=searches,

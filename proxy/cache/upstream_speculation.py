@@ -39,6 +39,8 @@ class UpstreamTotals(msgspec.Struct, kw_only=True):
     accepted: int = 0
     drafted: int = 0
     steps: int = 0
+    stepped_accepted: int = 0
+    """Accepted tokens of the rows that count their rounds (older vLLM has no drafts counter)."""
     tokens: int = 0
 
 
@@ -81,5 +83,6 @@ def upstream_totals(rows: Iterable[UpstreamSpeculationStats]) -> UpstreamTotals:
         totals.drafted += row.drafted_tokens
         if row.drafts is not None:
             totals.steps += row.drafts
+            totals.stepped_accepted += row.accepted_tokens
             totals.tokens += row.accepted_tokens + row.drafts
     return totals

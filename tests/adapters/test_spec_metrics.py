@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from adapters.spec_metrics import UpstreamSpeculation, sglang_speculation, vllm_speculation
+from proxy.cache.upstream_speculation import UpstreamSpeculationStats, upstream_totals
 
 VLLM = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -33,3 +34,15 @@ def test_sglang_gauges_under_either_prefix() -> None:
     assert sglang_speculation(new) == UpstreamSpeculation(
         engine="sglang", accept_length=2.0, accept_rate=0.25
     )
+
+
+def test_rounds_count_only_where_the_engine_counts_them() -> None:
+    """An older vLLM without the drafts counter adds to hits and misses, not to the per-round depth."""
+    rows = [
+        UpstreamSpeculationStats(worker="new", engine="vllm", drafts=4, drafted_tokens=12, accepted_tokens=8),
+        UpstreamSpeculationStats(worker="old", engine="vllm", drafted_tokens=10, accepted_tokens=5),
+        UpstreamSpeculationStats(worker="sg", engine="sglang", hit_rate=50.0, accept_length=2.5),
+    ]
+    totals = upstream_totals(rows)
+    assert (totals.accepted, totals.drafted) == (13, 22)
+    assert (totals.steps, totals.stepped_accepted, totals.tokens) == (4, 8, 12)
