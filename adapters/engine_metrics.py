@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from adapters.spec_metrics import UpstreamSpeculation
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +27,8 @@ class EngineLoad:
     """Fraction of the KV pool in use, 0..1."""
     cache_hit_rate: float | None = None
     """Prefix-cache hit rate, 0..1 (tokens for SGLang, cumulative queries for vLLM)."""
+    speculation: UpstreamSpeculation | None = None
+    """The engine's own speculative-decoding figures, when it speculates (`adapters.spec_metrics`)."""
 
 
 @runtime_checkable

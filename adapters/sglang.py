@@ -10,7 +10,8 @@
 - `check_health` calls `/health_generate` (a real one-token generation when idle).
 - `kv_capacity_tokens` reads `max_total_num_tokens` from `/server_info` (older: `/get_server_info`).
 - `tokenizer_path` reads `tokenizer_path` (else `model_path`) from `/server_info`.
-- `load` parses `/metrics` under both the `sglang:` and the newer `sglang_` prefix.
+- `load` parses `/metrics` under both the `sglang:` and the newer `sglang_` prefix, with the
+  speculative-decoding gauges when the server speculates (`adapters.spec_metrics`).
 - `flush_cache` calls `/flush_cache`, which SGLang refuses (400) while requests run.
 """
 
@@ -29,6 +30,7 @@ from adapters.engine_metrics import EngineLoad, parse_prometheus
 from adapters.errors import EngineError, UpstreamStatusError
 from adapters.openai_compat import OpenAICompatEngine, UpstreamClientConfig, _transport_error, status_error
 from adapters.sglang_native import NativeRequest, generate_body, native_request
+from adapters.spec_metrics import sglang_speculation
 from adapters.sse import DONE, SSEDecoder
 
 _METRIC_SUFFIXES = ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate")
@@ -173,6 +175,7 @@ class SGLangEngine(OpenAICompatEngine):
             waiting=pick("num_queue_reqs"),
             kv_usage=pick("token_usage"),
             cache_hit_rate=pick("cache_hit_rate"),
+            speculation=sglang_speculation(response.text),
         )
 
     async def flush_cache(self) -> bool:

@@ -9,7 +9,8 @@
 - `load` parses `/metrics`: `vllm:num_requests_running|waiting`, `vllm:kv_cache_usage_perc` (older:
   `vllm:gpu_cache_usage_perc`) and the hit rate from `vllm:prefix_cache_hits_total` over
   `vllm:prefix_cache_queries_total`; `kv_capacity_tokens` comes from the labels of
-  `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`).
+  `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`); its spec-decode counters, when it
+  speculates, come with the load (`adapters.spec_metrics`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from adapters.base import Completion, EngineRequest
 from adapters.cache_salt import with_cache_salt
 from adapters.engine_metrics import EngineLoad, parse_prometheus
 from adapters.openai_compat import OpenAICompatEngine, UpstreamClientConfig, _transport_error, status_error
+from adapters.spec_metrics import vllm_speculation
 
 _LOAD_METRICS = (
     "vllm:num_requests_running",
@@ -105,6 +107,7 @@ class VLLMEngine(OpenAICompatEngine):
             waiting=found.get("vllm:num_requests_waiting"),
             kv_usage=usage,
             cache_hit_rate=hits / queries if queries and hits is not None else None,
+            speculation=vllm_speculation(text),
         )
 
     async def kv_capacity_tokens(self) -> int | None:

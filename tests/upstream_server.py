@@ -78,6 +78,8 @@ class UpstreamServer:
         """`responses_api`: also serve `/v1/responses` (else it is a 404, as on a chat-only server)."""
         self.models = models
         self.responses_api = responses_api
+        self.metrics: str | None = None
+        """Prometheus text served at `GET /metrics` (a 404 while None, as with metrics disabled)."""
         self.faults: collections.deque[Fault] = collections.deque()
         self.requests: list[ReceivedRequest] = []
         self.connections_opened = 0
@@ -160,6 +162,12 @@ class UpstreamServer:
             return True
         if request.method == "GET" and request.path.startswith("/health"):  # SGLang's and vLLM's probes
             await _send_json(conn, writer, 200, {"status": "ok"})
+            return True
+        if request.method == "GET" and request.path == "/metrics":
+            if self.metrics is None:
+                await _send_json(conn, writer, 404, {"detail": "Not Found"})
+            else:
+                await _send(conn, writer, 200, self.metrics.encode(), "text/plain; version=0.0.4")
             return True
         if request.path.startswith("/v1/responses"):
             if not self.responses_api:
@@ -286,8 +294,13 @@ async def _wait_eof(reader: asyncio.StreamReader) -> None:
 
 
 async def _send_json(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
-    data = json.dumps(payload).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+    await _send(conn, writer, status, json.dumps(payload).encode(), "application/json")
+
+
+async def _send(
+    conn: h11.Connection, writer: asyncio.StreamWriter, status: int, data: bytes, content_type: str
+) -> None:
+    headers = [("content-type", content_type), ("content-length", str(len(data)))]
     writer.write(
         (conn.send(h11.Response(status_code=status, headers=headers)) or b"")
         + (conn.send(h11.Data(data=data)) or b"")

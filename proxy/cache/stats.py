@@ -10,8 +10,8 @@ Rates are percentages (0-100), as in the seed. Field meanings where the seed lea
   `kv_pages` details each engine's page store (pages offloaded, loaded, skipped as slower to load
   than to recompute, rejected for another layout, and the speed estimates behind those choices).
 - `cache_manager.radix_tree`: see `proxy.cache.radix_stats`.
-- `speculation`: the embedded engines' speculative decoding (`proxy.cache.speculation_stats`), and
-  the configured values from `[speculative]`.
+- `speculation`: the embedded engines' speculative decoding, and SGLang's and vLLM's own figures from
+  their `/metrics` (`proxy.cache.speculation_stats`), with the configured values from `[speculative]`.
 - `sliding_window`: the embedded engines' sliding windows (see `proxy.cache.window_stats`; rates in
   percent) and the configured values from `[sliding_window]`.
 - `overall` has no `efficiency_score`: radixgate defines no such score, and a made-up figure would

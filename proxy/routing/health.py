@@ -103,7 +103,9 @@ class HealthMonitor:
             except Exception as exc:  # load is optional input to routing, not a health verdict
                 logger.debug("load of %s unknown: %r", worker.id, exc)
                 worker.engine_load = {}
+                worker.engine_speculation = None
                 return ok
+            worker.engine_speculation = load.speculation
             worker.engine_load = {
                 key: value
                 for key, value in (

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from adapters.base import Engine
+from adapters.spec_metrics import UpstreamSpeculation
 from cachelayer.radix import RadixTree
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.config import DEFAULT_EVICT_HEADROOM, BreakerSettings, WorkerSpec
@@ -98,6 +99,8 @@ class Worker:
     """Models the engine listed (`GET /v1/models`) when none were configured."""
     engine_load: dict[str, float] = field(default_factory=dict)
     """The engine's own gauges from its `/metrics` (running, queued, cache hit rate), when it has them."""
+    engine_speculation: UpstreamSpeculation | None = None
+    """The engine's own speculative-decoding figures from its `/metrics`, when it speculates."""
     responses_api: bool = False
     """Serves `POST /v1/responses` itself (configured, or detected by the pool at start)."""
     kv_events: KvEventFeed | None = None
