@@ -15,32 +15,22 @@ import concurrent.futures
 import contextlib
 import itertools
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import torch
-
 from adapters.base import Completion, EngineRequest
 from adapters.errors import EngineError, InvalidRequest
-from adapters.local.chat_template import ChatTemplate
+from adapters.local.assembly import LoadedEngine, assemble
 from adapters.local.config import LocalEngineConfig
-from adapters.local.core import EngineCore, EngineStats
+from adapters.local.core import EngineStats
 from adapters.local.delivery import Mailboxes
-from adapters.local.drafts import Drafter
-from adapters.local.grammar import GrammarCompiler, OutputGrammar
-from adapters.local.kv_pool import KVPool
+from adapters.local.grammar import OutputGrammar
 from adapters.local.loader import LoadedModel, load_model
-from adapters.local.offload import KVOffload, OffloadStats
+from adapters.local.offload import OffloadStats
 from adapters.local.openai_format import ResponseWriter
-from adapters.local.prefix_cache import PrefixCache
-from adapters.local.prepare import EngineLimits, PreparedRequest, prepare
-from adapters.local.runner import ModelRunner
+from adapters.local.prepare import PreparedRequest, prepare
 from adapters.local.sampling import SamplingParams
-from adapters.local.scheduler import Scheduler
 from adapters.local.sequence import ChoiceDelta, GenerationJob, JobEvent, JobFailed, PromptGroup
-from adapters.local.tokenizer import TextTokenizer
-from adapters.local.window import WindowSpec
 from adapters.schema import ChatCompletionRequest, GenerationRequest, PassThroughRequest
 
 
@@ -58,31 +48,6 @@ class Generation:
     """Speculative draft tokens the model agreed with."""
 
 
-@dataclass(slots=True)
-class _Loaded:
-    core: EngineCore
-    tokenizer: TextTokenizer
-    template: ChatTemplate
-    limits: EngineLimits
-    grammars: GrammarCompiler
-    window: WindowSpec | None
-    """The window windowed requests attend with; None where it does not fit this model (`window_error`)."""
-    window_error: str = ""
-    offload: KVOffload | None = None
-
-    def stop(self, flush_s: float) -> None:
-        """Stop the engine thread, then write the cached pages not yet on disk and finish the
-        offload's disk writes, both within `flush_s` seconds, and release its directory."""
-        self.core.stop()
-        if self.offload is None:
-            return
-        deadline = time.monotonic() + flush_s
-        self.offload.finish_by(deadline)
-        if self.offload.write_behind is not None:
-            self.offload.write_behind.flush(deadline)
-        self.offload.close(deadline)
-
-
 class LocalEngine:
     """A Llama-family GGUF served from this process, with radix prefix reuse and continuous batching."""
 
@@ -96,9 +61,9 @@ class LocalEngine:
         self.config = config
         self._model = model
         self.model_id = config.model_id
-        self._loaded: _Loaded | None = None
+        self._loaded: LoadedEngine | None = None
         self._load_lock = threading.Lock()
-        self._loading: concurrent.futures.Future[_Loaded] | None = None
+        self._loading: concurrent.futures.Future[LoadedEngine] | None = None
         self._job_ids = itertools.count(1)
         self._mailboxes: Mailboxes[list[JobEvent]] = Mailboxes()
 
@@ -113,10 +78,10 @@ class LocalEngine:
         if self._loaded is None:
             self._loaded = self._begin_load().result()
 
-    def _begin_load(self) -> concurrent.futures.Future[_Loaded]:
+    def _begin_load(self) -> concurrent.futures.Future[LoadedEngine]:
         with self._load_lock:
             if self._loading is None:
-                future: concurrent.futures.Future[_Loaded] = concurrent.futures.Future()
+                future: concurrent.futures.Future[LoadedEngine] = concurrent.futures.Future()
 
                 def load() -> None:
                     try:
@@ -128,92 +93,10 @@ class LocalEngine:
                 self._loading = future
             return self._loading
 
-    def _load(self) -> _Loaded:
-        cfg = self.config
+    def _load(self) -> LoadedEngine:
         if self._model is None:
-            self._model = load_model(cfg)
-        loaded = self._model
-        spec, model, tokenizer = loaded.spec, loaded.model, loaded.tokenizer
-        configured = WindowSpec(
-            sinks=cfg.window_sink_tokens, size=cfg.window_size, overlap=cfg.window_overlap
-        )
-        window: WindowSpec | None = configured
-        window_error = ""
-        try:
-            configured.check(cfg.page_size, spec.context_length)
-        except ValueError as exc:
-            if cfg.sliding_window:
-                raise
-            window, window_error = None, str(exc)  # only requests that ask for one are refused
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        num_pages = cfg.kv_budget_tokens // cfg.page_size
-        pool = KVPool(spec, num_pages, cfg.page_size, model.dtype)
-        offload = (
-            KVOffload(
-                pool,
-                model_id=f"{cfg.model_id}/{cfg.dtype}",  # KV of another dtype is another cache
-                tokenizer_hash=loaded.sha256,  # the GGUF holds the tokenizer and template too
-                memory_bytes=cfg.kv_offload_memory_bytes,
-                directory=cfg.kv_offload_dir.expanduser() if cfg.kv_offload_dir is not None else None,
-                disk_bytes=cfg.kv_offload_disk_bytes,
-                min_speedup=cfg.kv_offload_min_speedup,
-                write_behind_after_s=cfg.kv_write_behind_after_s,
-            )
-            if cfg.kv_offload and cfg.radix_cache
-            else None
-        )
-        cache = PrefixCache(
-            pool,
-            enabled=cfg.radix_cache,
-            max_cached_tokens=cfg.max_cached_tokens,
-            policy=cfg.eviction_policy,
-            offload=offload,
-        )
-        scheduler = Scheduler(
-            pool,
-            cache,
-            max_running=cfg.max_running,
-            max_prefill_tokens=cfg.max_prefill_tokens,
-            max_idle_prefill_tokens=cfg.max_idle_prefill_tokens,
-        )
-        max_context = min(cfg.max_context or spec.context_length, spec.context_length)
-        drafter = (
-            Drafter(cache, max_draft_tokens=cfg.max_draft_tokens, sources=cfg.draft_sources)
-            if cfg.draft_sources
-            else None
-        )
-        core = EngineCore(
-            ModelRunner(model, pool),
-            cache,
-            scheduler,
-            tokenizer,
-            max_queued=cfg.max_queued,
-            max_context=max_context,
-            threads=cfg.threads,
-            drafter=drafter,
-        )
-        core.start()
-        limits = EngineLimits(
-            vocab_size=spec.vocab_size,
-            max_context=max_context,
-            pool_tokens=num_pages * cfg.page_size,
-            page_size=cfg.page_size,
-            max_n=cfg.max_running,
-            max_beam_width=min(cfg.beam_width, cfg.max_running),
-            window_pages=window.max_pages(cfg.page_size) if window is not None else 0,
-            window_size=window.size if window is not None else 0,
-        )
-        return _Loaded(
-            core=core,
-            tokenizer=tokenizer,
-            template=loaded.template,
-            limits=limits,
-            grammars=GrammarCompiler(tokenizer, spec.vocab_size),
-            window=window,
-            window_error=window_error,
-            offload=offload,
-        )
+            self._model = load_model(self.config)
+        return assemble(self.config, self._model)
 
     def stats(self) -> EngineStats | None:
         """Pool, cache and queue figures; None before `start`."""
@@ -354,7 +237,7 @@ class LocalEngine:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _require(self) -> _Loaded:
+    def _require(self) -> LoadedEngine:
         if self._loaded is None:
             raise EngineError("the local engine is not started")
         return self._loaded
