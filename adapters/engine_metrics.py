@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from adapters.kv_events_info import KvEventsAdvert
     from adapters.spec_metrics import UpstreamSpeculation
 
 
@@ -75,6 +76,14 @@ class NamesTokenizer(Protocol):
     async def tokenizer_path(self) -> str | None:
         """Where the engine loaded its tokenizer from (a tokenizer.json or a model directory, a path
         on the engine's host), None when it does not say."""
+        ...
+
+
+@runtime_checkable
+class AdvertisesKvEvents(Protocol):
+    async def kv_events_advert(self) -> KvEventsAdvert | None:
+        """The engine's KV-event publisher settings as it reports them (`adapters.kv_events_info`),
+        None when it publishes none or does not say."""
         ...
 
 

@@ -10,6 +10,7 @@
 - `check_health` calls `/health_generate` (a real one-token generation when idle).
 - `kv_capacity_tokens` reads `max_total_num_tokens` from `/server_info` (older: `/get_server_info`).
 - `tokenizer_path` reads `tokenizer_path` (else `model_path`) from `/server_info`.
+- `kv_events_advert` reads `kv_events_config` (`--kv-events-config`) from `/server_info`.
 - `load` parses `/metrics` under both the `sglang:` and the newer `sglang_` prefix, with the
   speculative-decoding gauges when the server speculates (`adapters.spec_metrics`).
 - `flush_cache` calls `/flush_cache`, which SGLang refuses (400) while requests run.
@@ -28,6 +29,7 @@ from adapters.base import Completion, EngineRequest
 from adapters.cache_salt import with_cache_salt
 from adapters.engine_metrics import EngineLoad, parse_prometheus
 from adapters.errors import EngineError, UpstreamStatusError
+from adapters.kv_events_info import KvEventsAdvert, sglang_advert
 from adapters.openai_compat import OpenAICompatEngine, UpstreamClientConfig, _transport_error, status_error
 from adapters.sglang_native import NativeRequest, generate_body, native_request
 from adapters.spec_metrics import sglang_speculation
@@ -157,6 +159,10 @@ class SGLangEngine(OpenAICompatEngine):
             if isinstance(value, str) and value:
                 return value
         return None
+
+    async def kv_events_advert(self) -> KvEventsAdvert | None:
+        """The `--kv-events-config` the server runs with, when it publishes over ZMQ."""
+        return sglang_advert(await self.server_info())
 
     async def load(self) -> EngineLoad:
         """Running and queued requests, token usage and cache hit rate from `/metrics`."""

@@ -5,7 +5,9 @@
   relayed when vLLM reports it (`--enable-prompt-tokens-details`); when it does not, the cached count
   stays unknown (None), never zero.
 - `tokenize` calls `POST /tokenize`; `flush_cache` calls `POST /reset_prefix_cache`;
-  `tokenizer_path` is the model's `root` in `GET /v1/models`.
+  `tokenizer_path` is the model's `root` in `GET /v1/models`; `kv_events_advert` reads
+  `kv_events_config` from `GET /server_info?config_format=json` (vLLM serves it only with
+  `VLLM_SERVER_DEV_MODE=1`; otherwise its KV events are configured on the worker).
 - `load` parses `/metrics`: `vllm:num_requests_running|waiting`, `vllm:kv_cache_usage_perc` (older:
   `vllm:gpu_cache_usage_perc`) and the hit rate from `vllm:prefix_cache_hits_total` over
   `vllm:prefix_cache_queries_total`; `kv_capacity_tokens` comes from the labels of
@@ -25,6 +27,7 @@ import msgspec
 from adapters.base import Completion, EngineRequest
 from adapters.cache_salt import with_cache_salt
 from adapters.engine_metrics import EngineLoad, parse_prometheus
+from adapters.kv_events_info import KvEventsAdvert, vllm_advert
 from adapters.openai_compat import OpenAICompatEngine, UpstreamClientConfig, _transport_error, status_error
 from adapters.spec_metrics import vllm_speculation
 
@@ -85,6 +88,23 @@ class VLLMEngine(OpenAICompatEngine):
             raise status_error(response.status_code, response.content)
         listing = msgspec.json.decode(response.content, type=_ModelRoots)
         return next((entry.root for entry in listing.data if entry.root), None)
+
+    async def kv_events_advert(self) -> KvEventsAdvert | None:
+        """`kv_events_config` from `/server_info` in JSON; None where vLLM does not serve it."""
+        try:
+            response = await self._client.get(
+                self._root + "/server_info",
+                params={"config_format": "json"},
+                timeout=self.config.health_timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, mid_stream=False) from exc
+        if response.status_code == 404:  # not in dev mode
+            return None
+        if response.status_code != 200:
+            raise status_error(response.status_code, response.content)
+        info = msgspec.json.decode(response.content)
+        return vllm_advert(info) if isinstance(info, dict) else None
 
     async def flush_cache(self) -> bool:
         """`POST /reset_prefix_cache`; False when vLLM refuses."""

@@ -186,7 +186,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--offer-tokenizer", choices=("path", "tokenize", "none"), default="none")
     parser.add_argument("--sim-tokenizer", choices=("word", "bpe"), default="word")
     parser.add_argument(
-        "--kv-events", action="store_true", help="workers publish KV events; gateways subscribe"
+        "--kv-events",
+        action="store_true",
+        help="workers publish KV events; gateways find them in /server_info and subscribe",
+    )
+    parser.add_argument(
+        "--kv-events-configured",
+        action="store_true",
+        help="with --kv-events: name each worker's event sockets in the gateways' config instead",
     )
     parser.add_argument("--gateway-toml", default="", help="extra radixgate.toml lines for every gateway")
     parser.add_argument("--stream-interval", type=int, default=64)
@@ -198,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
+    args.kv_events = args.kv_events or args.kv_events_configured
     OUT.mkdir(exist_ok=True)
     words_scale = 1.0 if args.sim_tokenizer == "word" else BPE_WORDS_SCALE
     word_tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
@@ -221,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ]
         cluster.wait_ready(workers)
         routed = workers
-        if args.kv_events:  # the workers and their event sockets go in the gateway's config instead
+        if args.kv_events_configured:  # the workers and their event sockets go in the gateway's config
             gateway_config.write_text(gateway_config.read_text() + _workers_toml(workers, event_ports))
             routed = []
         for workload in args.workloads:
@@ -271,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sim": asdict(config),
         "offer_tokenizer": args.offer_tokenizer,
         "sim_tokenizer": args.sim_tokenizer,
-        "kv_events": args.kv_events,
+        "kv_events": args.kv_events and ("configured" if args.kv_events_configured else "discovered"),
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),

@@ -25,7 +25,6 @@ import msgspec
 import uvicorn
 
 from adapters.schema import ChatCompletionRequest
-from benchmarks.routing.kv_publisher import KvEventPublisher
 from benchmarks.routing.sim_core import PromptTooLong, SimConfig, SimEngine, SimRequest
 from benchmarks.routing.sim_http import (
     CompletionBody,
@@ -39,7 +38,7 @@ from benchmarks.routing.sim_http import (
     sse,
     start_sse,
 )
-from benchmarks.routing.sim_kv import SimKvEvents
+from benchmarks.routing.sim_kv import SimKvEvents, kv_events_config
 from benchmarks.routing.sim_tokens import SimTokens
 from proxy.routing.tokenizing import (
     ByteTokenizer,
@@ -63,8 +62,10 @@ class SimServer:
         model: str,
         chat: ChatRenderer,
         offer: str = "path",
+        kv_events_config: str | None = None,
     ):
         self.offer = offer
+        self.kv_events_config = kv_events_config
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
@@ -289,6 +290,7 @@ class SimServer:
             "model_path": self.model,
             "served_model_name": self.model,
             "max_total_num_tokens": config.capacity_tokens,
+            "kv_events_config": self.kv_events_config,
             "max_running_requests": config.max_running,
             "page_size": 1,
             "stream_interval": config.stream_interval,
@@ -355,13 +357,9 @@ def build_app(
     events there (PUB) and replays them on the next port (ROUTER), as vLLM does."""
     tokenizer = load_tokenizer(tokenizer_spec)
     chat = ChatRenderer(load_chat_template(tokenizer_spec))
-    kv = None
-    if kv_events_port is not None:
-        publisher = KvEventPublisher(
-            f"tcp://127.0.0.1:{kv_events_port}", f"tcp://127.0.0.1:{kv_events_port + 1}"
-        )
-        kv = SimKvEvents(publisher)
-    return SimServer(SimEngine(config, kv), tokenizer, model, chat, offer)
+    kv = SimKvEvents.on_loopback(kv_events_port) if kv_events_port is not None else None
+    advert = kv_events_config(kv_events_port) if kv_events_port is not None else None
+    return SimServer(SimEngine(config, kv), tokenizer, model, chat, offer, advert)
 
 
 def main(argv: list[str] | None = None) -> None:

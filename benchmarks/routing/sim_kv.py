@@ -11,6 +11,7 @@ all salts (the benchmarks have one tenant), so a sequence's blocks carry the sal
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,15 @@ logger = logging.getLogger("benchmarks.routing.sim_kv")
 _Event = tuple[str, tuple[Any, ...]]
 
 
+def kv_events_config(port: int) -> str:
+    """The `kv_events_config` server argument `/server_info` reports, as SGLang's for a wildcard
+    bind on `port` (replay one up). The sockets themselves stay on loopback: benchmark traffic
+    never leaves 127.0.0.1, and a gateway resolves `*` to the worker's host, 127.0.0.1."""
+    return json.dumps(
+        {"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}"}
+    )
+
+
 class SimKvEvents:
     """Tracks which whole blocks the simulated cache holds and publishes the changes."""
 
@@ -33,6 +43,11 @@ class SimKvEvents:
         """Per first block's tokens, the salt its sequence was last stored with."""
         self._queue: asyncio.Queue[_Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def on_loopback(cls, port: int) -> SimKvEvents:
+        """Events published on 127.0.0.1:`port` (PUB), replayed one port up (ROUTER), as vLLM does."""
+        return cls(KvEventPublisher(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"))
 
     def start(self) -> None:
         self.publisher.start()

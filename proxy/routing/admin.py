@@ -68,12 +68,16 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     """Per byte-routed model, the prompt bytes per engine token learned from reported `prompt_tokens`."""
     engine_load: dict[str, float]
     kv_events: KvEventsStatus | None = None
+    kv_events_discovery: str | None = None
+    """Why no KV events are followed, when the worker was asked (`proxy.routing.kv_discovery`)."""
 
 
 class KvEventsStatus(msgspec.Struct, kw_only=True):
     """A worker's KV-event feed as `GET /admin/workers` shows it."""
 
     endpoint: str
+    source: str
+    """"config", or "discovered: ..." with the addresses the engine reported."""
     live: bool
     """True while the index routes; False before the first event and after events stopped."""
     last_seq: int | None
@@ -138,6 +142,7 @@ def worker_status(pool: WorkerPool, worker: Worker) -> WorkerStatus:
         bytes_per_token={model: round(ratio, 3) for model, ratio in worker.bytes_per_token.items()},
         engine_load=dict(worker.engine_load),
         kv_events=_kv_status(worker),
+        kv_events_discovery=worker.kv_events_discovery,
     )
 
 
@@ -148,6 +153,7 @@ def _kv_status(worker: Worker) -> KvEventsStatus | None:
     index = feed.index
     return KvEventsStatus(
         endpoint=feed.spec.endpoint,
+        source=feed.source,
         live=feed.live(),
         last_seq=feed.last_seq,
         blocks=index.blocks,

@@ -210,6 +210,9 @@ class RoutingSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     """Embedded-engine worker processes to start on loopback ports and route over (`--workers N`)."""
     launch_sglang: SGLangLaunchSettings | None = None
     """SGLang servers to start and route over (`--launch-sglang PATH --replicas N`; GPU host)."""
+    discover_kv_events: bool = True
+    """Ask each worker without `kv_events` whether its engine publishes KV events (SGLang
+    `/server_info`, vLLM's dev-mode `/server_info`) and follow them (`proxy.routing.kv_discovery`)."""
 
 
 def parse_worker_arg(value: str) -> WorkerSpec:

@@ -5,8 +5,9 @@ One asyncio task per worker with `kv_events` configured: a pyzmq SUB socket on `
 must follow each other: a gap is asked for again on the `replay_endpoint` (a DEALER to the engine's
 ROUTER); a gap that cannot be replayed (no replay socket, or the engine's buffer no longer has it)
 resets the index, which then rebuilds from the next events, since a lost removal would otherwise
-leave it claiming blocks the engine dropped. Duplicates (a replay overlapping live messages) are
-skipped. `AllBlocksCleared` empties the index.
+leave it claiming blocks the engine dropped. A live sequence number at or below the last one means
+the engine restarted (its numbering began again, its cache empty): the index starts over, as it
+does when the worker goes down. `AllBlocksCleared` empties the index.
 
 The feed is live while events keep answering dispatched requests: once a request dispatched to the
 worker has gone `stale_after_s` without any event after it, the router falls back to the worker's
@@ -41,6 +42,8 @@ class KvEventFeed:
 
     spec: KvEventsSpec
     clock: Callable[[], float]
+    source: str = "config"
+    """"config", or what discovery found (`proxy.routing.kv_discovery`)."""
     index: KvBlockIndex = field(default_factory=KvBlockIndex)
     last_seq: int | None = None
     last_event_at: float | None = None
@@ -67,7 +70,7 @@ class KvEventFeed:
     def receive(self, seq: int, payload: bytes) -> None:
         """Apply one batch in sequence order (the caller has filled any gap before it)."""
         if self.last_seq is not None and seq <= self.last_seq:
-            return  # a duplicate: a replay overlapped the live stream
+            return  # already applied (a replay answers from where it was asked)
         self.last_seq = seq
         try:
             events = decode_batch(payload)
@@ -79,6 +82,11 @@ class KvEventFeed:
             self.index.apply(event)
         self.last_event_at = self.clock()
         self.unanswered_since = None
+
+    def restarted(self) -> None:
+        """The engine restarted (or went down): its cache is empty and its numbering starts again."""
+        self.index.clear()
+        self.last_seq = None
 
     def lost(self) -> None:
         """A gap could not be replayed: forget everything (a lost removal would mislead routing)."""
@@ -104,7 +112,10 @@ class KvEventFeed:
                     self.malformed += 1
                     continue
                 seq = decode_seq(frames[1])
-                if self.last_seq is not None and seq > self.last_seq + 1:
+                if self.last_seq is not None and seq <= self.last_seq:
+                    logger.info("KV events of %s numbered afresh: the engine restarted", self.spec.endpoint)
+                    self.restarted()
+                elif self.last_seq is not None and seq > self.last_seq + 1:
                     await self._fill_gap(context, self.last_seq + 1, seq)
                 self.receive(seq, frames[2])
         finally:

@@ -26,6 +26,7 @@ from adapters.upstream_client import DEFAULT_HEALTH_TIMEOUT_S
 from proxy.routing.affinity import AFFINITY_REASON, preferred_worker
 from proxy.routing.config import DEFAULT_CAPACITY_TOKENS, RoutingSettings, WorkerSpec
 from proxy.routing.health import HealthMonitor
+from proxy.routing.kv_discovery import rediscover
 from proxy.routing.kv_events import stop as stop_feed
 from proxy.routing.lease import PoolLease, RoutedPrompt
 from proxy.routing.observe import RoutingObserver
@@ -81,7 +82,7 @@ class WorkerPool:
             health_timeout_s,
             lambda: self._workers.values(),
             on_change=self._learn_models,
-            on_up=lambda worker: self.prompts.discover(worker, health_timeout_s),
+            on_up=lambda worker: self._came_up(worker, health_timeout_s),
             tree_ttl_s=settings.cache_aware.tree_ttl_s,
         )
         for spec in workers:
@@ -335,6 +336,15 @@ class WorkerPool:
                 worker.kv_events.run(), name=f"kv-events-{worker.id}"
             )
             self._feeds[worker.id] = task
+
+    async def _came_up(self, worker: Worker, timeout_s: float) -> None:
+        """A worker seen up: find its models' tokenizers and, unless configured, its KV events."""
+        await self.prompts.discover(worker, timeout_s)
+        if self.settings.discover_kv_events and await rediscover(worker, timeout_s, self._clock):
+            task = self._feeds.pop(worker.id, None)
+            if task is not None:  # the engine restarted with other sockets, or without events
+                task.cancel()
+            self._subscribe(worker)
 
     def _trim(self, worker: Worker) -> None:
         self._trims.discard(worker.id)

@@ -104,7 +104,9 @@ class Worker:
     responses_api: bool = False
     """Serves `POST /v1/responses` itself (configured, or detected by the pool at start)."""
     kv_events: KvEventFeed | None = None
-    """The exact block index from the engine's KV events, when `spec.kv_events` is set."""
+    """The exact block index from the engine's KV events: configured (`spec.kv_events`) or discovered."""
+    kv_events_discovery: str | None = None
+    """Why discovery follows no KV events of this worker (None: not asked, or it does)."""
     _prefills: deque[InFlight] = field(default_factory=deque)
 
     @classmethod
@@ -277,8 +279,11 @@ class Worker:
             self.tree.evict(self.tree.total_tokens - self.tree_limit)
 
     def forget(self) -> None:
-        """Drop the whole tree (the engine restarted or flushed its cache)."""
+        """Drop the whole tree (the engine restarted or flushed its cache), and the event index:
+        a restarted engine numbers its events afresh."""
         self.tree.clear()
+        if self.kv_events is not None:
+            self.kv_events.restarted()
 
     def tree_memory_bytes(self) -> int:
         """Approximate bytes held by the tree: 4 per token key plus a fixed cost per node."""

@@ -309,3 +309,23 @@ async def test_tokenizer_path_from_server_info(engine: SGLangEngine) -> None:
 async def test_tokenizer_path_falls_back_to_the_model_path(engine: SGLangEngine) -> None:
     respx.get(f"{BASE}/server_info").respond(json={"model_path": "/models/llama"})
     assert await engine.tokenizer_path() == "/models/llama"
+
+
+@respx.mock
+async def test_kv_events_advert_from_the_server_args(engine: SGLangEngine) -> None:
+    config = '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
+    route = respx.get(f"{BASE}/server_info")
+    route.respond(json={"kv_events_config": config, "dp_size": 1})
+    advert = await engine.kv_events_advert()
+    assert advert is not None and (advert.endpoint, advert.replay_endpoint) == (
+        "tcp://*:5557",
+        "tcp://*:5558",
+    )
+    # Events off (no config, or the null publisher), and data-parallel attention ranks.
+    route.respond(json={"kv_events_config": None})
+    assert await engine.kv_events_advert() is None
+    route.respond(json={"kv_events_config": '{"publisher": "null"}'})
+    assert await engine.kv_events_advert() is None
+    route.respond(json={"kv_events_config": config, "dp_size": 4, "enable_dp_attention": True})
+    advert = await engine.kv_events_advert()
+    assert advert is not None and advert.data_parallel_size == 4

@@ -143,3 +143,22 @@ async def test_tokenizer_path_is_the_models_root(engine: VLLMEngine) -> None:
         json={"object": "list", "data": [{"id": "llama", "object": "model", "root": "/models/llama-3-8b"}]}
     )
     assert await engine.tokenizer_path() == "/models/llama-3-8b"
+
+
+@respx.mock
+async def test_kv_events_advert_from_the_dev_mode_server_info(engine: VLLMEngine) -> None:
+    route = respx.get(f"{BASE}/server_info", params={"config_format": "json"})
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557", "topic": "kv"}
+    route.respond(json={"vllm_config": {"kv_events_config": events}})
+    advert = await engine.kv_events_advert()  # no publisher named: vLLM's default for enabled events, zmq
+    assert advert is not None and (advert.endpoint, advert.replay_endpoint, advert.topic) == (
+        "tcp://*:5557",
+        None,
+        "kv",
+    )
+    route.respond(json={"vllm_config": {"kv_events_config": {**events, "enable_kv_cache_events": False}}})
+    assert await engine.kv_events_advert() is None
+    route.respond(json={"vllm_config": "VllmConfig(model='llama', ...)"})  # the text format
+    assert await engine.kv_events_advert() is None
+    route.respond(404, json={"detail": "Not Found"})  # not in dev mode
+    assert await engine.kv_events_advert() is None

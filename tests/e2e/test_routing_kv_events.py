@@ -1,5 +1,6 @@
 """KV-event routing end to end: simulated SGLang workers publish their cache's blocks over ZMQ and
-the gateway routes by them (and its admin API shows the feed)."""
+the gateway routes by them, one worker's sockets configured, the other's found in its `/server_info`
+(and its admin API shows each feed and where it came from)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.e2e.routing_support import MODEL, SimWorker, admin_workers, start_gat
 SYSTEM = "You are the assistant of a very particular shop that sells only blue things. " * 12
 
 
-def test_requests_follow_the_blocks_the_engines_report() -> None:
+def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered() -> None:
     ports = [free_port() for _ in range(2)]
     # Replay sockets one port up (free_port picks from the ephemeral range: the next one is free).
     workers = [SimWorker(free_port(), extra_args=("--kv-events-port", str(port))).start() for port in ports]
@@ -24,7 +25,9 @@ def test_requests_follow_the_blocks_the_engines_report() -> None:
             id=f"w{i}",
             kv_events=KvEventsSpec(
                 endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{port + 1}"
-            ),
+            )
+            if i == 0
+            else None,  # w1's are in its /server_info: `tcp://*:PORT`, resolved to its host
         )
         for i, (w, port) in enumerate(zip(workers, ports, strict=True))
     ]
@@ -43,6 +46,11 @@ def test_requests_follow_the_blocks_the_engines_report() -> None:
 
             wait_for(events_seen, timeout_s=15)
             rows = admin_workers(gateway)
+            assert rows["w0"]["kv_events"]["source"] == "config"
+            assert rows["w1"]["kv_events"]["source"] == (
+                f"discovered: tcp://*:{ports[1]}, replay tcp://127.0.0.1:{ports[1] + 1}"
+            )
+            assert rows["w1"]["kv_events"]["endpoint"] == f"tcp://127.0.0.1:{ports[1]}"
             home = max(rows, key=lambda worker_id: rows[worker_id]["kv_events"]["blocks"])
             feed = rows[home]["kv_events"]
             assert feed["live"] and feed["block_size"] == 16 and feed["blocks_by_medium"]["GPU"] > 10

@@ -202,3 +202,25 @@ def test_both_encodings_decode_to_the_same_events() -> None:
         assert isinstance(stored, BlocksStored) and isinstance(removed, BlocksRemoved)
         assert stored.block_size == 16 and len(stored.hashes) == 2 and stored.token_ids == tuple(range(32))
     assert isinstance(map_events[0], BlocksStored) and map_events[0].extra_keys == (("salt",), None)
+
+
+async def test_an_engine_that_restarts_numbering_afresh_starts_the_index_over(cluster: Cluster) -> None:
+    publisher, feed = cluster.publishers[0], cluster.worker(0).kv_events
+    assert feed is not None
+    await publisher.store(await cluster.tokens(SYSTEM, "one"))
+    for _ in range(5):
+        await publisher.store(await cluster.tokens(OTHER, "two"))
+    await cluster.settle(lambda: feed.last_seq is not None and feed.last_seq >= 5)
+    await publisher.close()  # the engine restarts on the same sockets, its sequence from 0
+    endpoint, replay = feed.spec.endpoint, feed.spec.replay_endpoint
+    fresh = KvEventPublisher(endpoint, replay, block_size=BLOCK, encoding=publisher.encoding)
+    fresh.start()
+    cluster.publishers[0] = fresh
+    tokens = await cluster.tokens(FRESH, "three")
+    for _ in range(60):  # until the subscriber has reconnected (a few tries)
+        await fresh.store(tokens)
+        await asyncio.sleep(0.05)
+        if feed.index.match(array("I", tokens), "") > 0:
+            break
+    assert feed.index.match(array("I", tokens), "") > 0, "the fresh numbering was never applied"
+    assert feed.resets == 0 and feed.index.match(array("I", await cluster.tokens(SYSTEM, "one")), "") == 0

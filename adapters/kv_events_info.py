@@ -1,0 +1,87 @@
+"""What an engine says about its own KV-event publisher, read from its introspection endpoints.
+
+- SGLang: `/server_info` (older: `/get_server_info`) carries the server arguments, among them
+  `kv_events_config`, the JSON string given to `--kv-events-config` (None when events are off), and
+  `dp_size` / `enable_dp_attention`.
+- vLLM: `/server_info?config_format=json` (served only with `VLLM_SERVER_DEV_MODE=1`) carries
+  `vllm_config.kv_events_config` (`enable_kv_cache_events`, `publisher`, ...) and
+  `vllm_config.parallel_config.data_parallel_size`.
+
+Both take the same keys (`publisher`, `endpoint`, `replay_endpoint`, `topic`); the addresses are the
+ones the engine binds (`tcp://*:5557`), which the router resolves against the worker's host
+(`proxy.routing.kv_discovery`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+DEFAULT_ENDPOINT = "tcp://*:5557"
+"""The PUB address both engines bind when `endpoint` is left out."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsAdvert:
+    """An engine's KV-event publisher settings as it reports them."""
+
+    endpoint: str
+    """Its PUB address, as configured on the engine (`tcp://*:5557`)."""
+    replay_endpoint: str | None = None
+    """Its ROUTER replay address, None when it has none."""
+    topic: str = ""
+    data_parallel_size: int = 1
+    """Data-parallel ranks, each publishing on the endpoint's port plus its rank."""
+
+
+class _PublisherConfig(msgspec.Struct):
+    publisher: str | None = None
+    endpoint: str = DEFAULT_ENDPOINT
+    replay_endpoint: str | None = None
+    topic: str = ""
+    enable_kv_cache_events: bool | None = None
+
+
+def parse_publisher(value: object, data_parallel_size: int = 1) -> KvEventsAdvert | None:
+    """The advert in an engine's `kv_events_config` (a JSON string or an object); None when events
+    are off, the publisher is not ZMQ, or the value is not a publisher config."""
+    try:
+        if isinstance(value, str) and value.strip():
+            config = msgspec.json.decode(value, type=_PublisherConfig)
+        elif isinstance(value, dict):
+            config = msgspec.convert(value, _PublisherConfig)
+        else:
+            return None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if config.enable_kv_cache_events is False:
+        return None
+    # vLLM picks "zmq" when events are enabled and no publisher is named; SGLang needs it named.
+    publisher = config.publisher or ("zmq" if config.enable_kv_cache_events else "null")
+    if publisher != "zmq":
+        return None
+    return KvEventsAdvert(
+        endpoint=config.endpoint,
+        replay_endpoint=config.replay_endpoint or None,
+        topic=config.topic,
+        data_parallel_size=max(1, data_parallel_size),
+    )
+
+
+def sglang_advert(info: dict[str, Any]) -> KvEventsAdvert | None:
+    """The advert in SGLang's `/server_info`."""
+    dp_size = info.get("dp_size")
+    ranks = dp_size if isinstance(dp_size, int) and info.get("enable_dp_attention") else 1
+    return parse_publisher(info.get("kv_events_config"), ranks)
+
+
+def vllm_advert(info: dict[str, Any]) -> KvEventsAdvert | None:
+    """The advert in vLLM's `/server_info?config_format=json`."""
+    config = info.get("vllm_config")
+    if not isinstance(config, dict):
+        return None  # the text format (older vLLM): no structured config to read
+    parallel = config.get("parallel_config")
+    ranks = parallel.get("data_parallel_size") if isinstance(parallel, dict) else 1
+    return parse_publisher(config.get("kv_events_config"), ranks if isinstance(ranks, int) else 1)
