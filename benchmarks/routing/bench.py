@@ -75,6 +75,7 @@ steps), as users arrive in production. Started all at once, they stay in lockste
 every conversation on a worker lands in the same instant, and the first 48 requests all hit a cold
 cluster together; with 1,040 requests those synchronized bursts, not the routing, made the p99."""
 OUT = Path(__file__).parent / "out"
+DEFAULT_SEED = 7
 
 
 async def replay(
@@ -149,10 +150,11 @@ def run_one(
     target: Callable[[int], str],
     time_scale: float,
     words_scale: float = 1.0,
+    seed: int = DEFAULT_SEED,
 ) -> Row:
     flush_workers(workers)
     before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
-    result = asyncio.run(replay(workload, 7, target, True, time_scale, words_scale))
+    result = asyncio.run(replay(workload, seed, target, True, time_scale, words_scale))
     after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
     cpu = Cpu(
         router=None
@@ -173,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the workloads' prompts and order")
     parser.add_argument(
         "--sglang-router",
         type=Path,
@@ -256,7 +259,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             for router in routers:
                 target = _fixed(router.url)
                 rows.append(
-                    run_one(workload, router.name, router, workers, target, args.time_scale, words_scale)
+                    run_one(
+                        workload,
+                        router.name,
+                        router,
+                        workers,
+                        target,
+                        args.time_scale,
+                        words_scale,
+                        args.seed,
+                    )
                 )
             rows.append(
                 run_one(
@@ -267,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     lambda group: workers[group % len(workers)].url,
                     args.time_scale,
                     words_scale,
+                    args.seed,
                 )
             )
             cluster.stop(routers)
@@ -279,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sim": asdict(config),
         "offer_tokenizer": args.offer_tokenizer,
         "sim_tokenizer": args.sim_tokenizer,
+        "seed": args.seed,
         "kv_events": args.kv_events and ("configured" if args.kv_events_configured else "discovered"),
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
