@@ -125,7 +125,16 @@ def router_trees(router: Proc) -> list[dict[str, object]]:
         "requests",
     )
     rows = httpx.get(router.url + "/admin/workers", timeout=10, trust_env=False).json()["workers"]
-    return [{"id": row["id"], **{key: row[key] for key in keys}} for row in rows]
+    return [
+        {"id": row["id"], **{key: row[key] for key in keys}, "kv_events": _feed(row["kv_events"])}
+        for row in rows
+    ]
+
+
+def _feed(status: dict[str, object] | None) -> dict[str, object] | None:
+    """Where a worker's KV-event feed came from and what it saw (None: no feed)."""
+    keys = ("source", "live", "blocks", "events", "replayed", "resets")
+    return None if status is None else {key: status[key] for key in keys}
 
 
 def _fixed(url: str) -> Callable[[int], str]:
