@@ -6,8 +6,9 @@ must follow each other: a gap is asked for again on the `replay_endpoint` (a DEA
 ROUTER); a gap that cannot be replayed (no replay socket, or the engine's buffer no longer has it)
 resets the index, which then rebuilds from the next events, since a lost removal would otherwise
 leave it claiming blocks the engine dropped. A live sequence number at or below the last one means
-the engine restarted (its numbering began again, its cache empty): the index starts over, as it
-does when the worker goes down. `AllBlocksCleared` empties the index.
+the engine restarted (its numbering began again, its cache empty): the index starts over. (A worker
+marked down keeps its index: a health check that timed out under load says nothing about the
+cache, and a restart shows in the numbering.) `AllBlocksCleared` empties the index.
 
 The feed is live while events keep answering dispatched requests: once a request dispatched to the
 worker has gone `stale_after_s` without any event after it, the router falls back to the worker's
@@ -84,7 +85,7 @@ class KvEventFeed:
         self.unanswered_since = None
 
     def restarted(self) -> None:
-        """The engine restarted (or went down): its cache is empty and its numbering starts again."""
+        """The engine restarted: its cache is empty and its numbering starts again."""
         self.index.clear()
         self.last_seq = None
 

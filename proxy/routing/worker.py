@@ -279,11 +279,8 @@ class Worker:
             self.tree.evict(self.tree.total_tokens - self.tree_limit)
 
     def forget(self) -> None:
-        """Drop the whole tree (the engine restarted or flushed its cache), and the event index:
-        a restarted engine numbers its events afresh."""
+        """Drop the whole tree (the engine restarted or flushed its cache)."""
         self.tree.clear()
-        if self.kv_events is not None:
-            self.kv_events.restarted()
 
     def tree_memory_bytes(self) -> int:
         """Approximate bytes held by the tree: 4 per token key plus a fixed cost per node."""
