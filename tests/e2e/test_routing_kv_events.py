@@ -31,8 +31,9 @@ def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered(
         )
         for i, (w, port) in enumerate(zip(workers, ports, strict=True))
     ]
-    gateway = start_gateway(workers, specs=specs)
+    gateway = None
     try:
+        gateway = start_gateway(workers, specs=specs)
         with openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0, timeout=30) as client:
             # ZMQ subscribers join late: ask until an engine's events have reached the gateway.
             def events_seen() -> bool:
@@ -72,5 +73,6 @@ def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered(
                 < 16 * after["predictions"]
             )
     finally:
-        gateway.stop()
+        if gateway is not None:
+            gateway.stop()
         stop_all(workers)
