@@ -105,7 +105,8 @@ class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
 
 class PassThroughRequest(SamplingFields, kw_only=True, omit_defaults=True):
     """A request whose body reaches the worker's endpoint of the same name, with no prompt the gateway
-    reads (no routing tokens, no cache salt): embeddings, and Responses for a worker that serves them.
+    reads (no routing tokens): embeddings, and Responses for a worker that serves them (salted by the
+    engines that take a salt there, like chat).
     It shares the sampling fields' Struct so the request path reads every request alike."""
 
     @property
