@@ -82,6 +82,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
     @property

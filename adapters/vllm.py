@@ -1,9 +1,10 @@
 """Adapter for a vLLM server (`vllm serve`): its OpenAI endpoints and its operational ones.
 
 - Requests go to `/v1/chat/completions`, `/v1/completions` and `/v1/responses` with the tenant salt
-  as `cache_salt` (vLLM keeps salted requests' prefix blocks apart). `usage.prompt_tokens_details.cached_tokens` is
-  relayed when vLLM reports it (`--enable-prompt-tokens-details`); when it does not, the cached count
-  stays unknown (None), never zero.
+  as `cache_salt` (vLLM keeps salted requests' prefix blocks apart).
+  `usage.prompt_tokens_details.cached_tokens` is relayed when vLLM reports it
+  (`--enable-prompt-tokens-details`); when it does not, the cached count stays unknown (None),
+  never zero.
 - `tokenize` calls `POST /tokenize`; `flush_cache` calls `POST /reset_prefix_cache`;
   `tokenizer_path` is the model's `root` in `GET /v1/models`.
 - `load` parses `/metrics`: `vllm:num_requests_running|waiting`, `vllm:kv_cache_usage_perc` (older:

@@ -112,13 +112,18 @@ def _json_rule(schema: dict[str, Any]) -> str:
 
 
 def _lark(answer: dict[str, Any] | None, tools: ToolPlan | None) -> str:
-    """One Lark grammar: `start` is a JSON answer, one call, or either (plain text or JSON, or a call)."""
+    """One Lark grammar: `start` is a JSON answer, calls, or either (plain text or JSON, or calls).
+    Calls are one, or with `parallel_tool_calls` one or more back to back, each any callable function's."""
     rules: list[str] = []
     choices: list[str] = []
-    for i, function in enumerate(tools.callable if tools is not None else ()):
-        choices.append(f"call_{i}")
+    functions = tools.callable if tools is not None else ()
+    for i, function in enumerate(functions):
         rules.append(f"call_{i}: {json.dumps(call_prefix(function.name))} args_{i} {json.dumps(CALL_SUFFIX)}")
         rules.append(f"args_{i}: {_json_rule(function.parameters)}")
+    if tools is not None:
+        choices.append("calls")
+        rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
+        rules.append("calls: call+" if tools.parallel else "calls: call")
     if tools is None or not tools.required:
         choices.append("answer")
         rules.append(f"answer: {_json_rule(answer)}" if answer is not None else "answer: FREE_TEXT")

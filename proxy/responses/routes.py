@@ -142,7 +142,9 @@ def responses_handlers(
         return Response(_encoder.encode(deleted), media_type=JSON)
 
     @get(INPUT_ITEMS_PATH, guards=guards, name="list_input_items")
-    async def list_input_items(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
+    async def list_input_items(
+        request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
         tenant: Tenant = request.state.tenant
         query = items.page_query(request.query_params.multi_items())
         stored = await store.run(store.get, tenant.id, response_id)
