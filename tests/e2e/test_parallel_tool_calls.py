@@ -3,13 +3,15 @@ and Responses by the openai SDK, whole and streamed, and the OpenAI Agents SDK r
 
 `parallel_tool_calls` is true unless a request says false (as at OpenAI): a `required` answer holds
 one or more calls, each held by the grammar to its function's parameter schema; false keeps exactly
-one. SmolLM2-135M makes two calls when an earlier turn of the conversation shows it two (`SHOWN`).
+one. SmolLM2-135M makes two calls when an earlier turn of the conversation shows it two (`SHOWN`),
+on the C kernels and on torch's (hosts without AVX-512) alike.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -130,6 +132,17 @@ def test_chat_answers_with_two_calls_whole_and_streamed(client: openai.OpenAI) -
     assert [(c["name"], c["arguments"]) for c in streamed.values()] == [
         (c.function.name, c.function.arguments) for c in calls
     ]
+
+
+def test_hosts_without_avx512_answer_with_both_calls_too() -> None:
+    settings = Settings(local_engine=replace(ENGINE, c_kernels=False))  # torch's kernels
+    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
+    try:
+        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk:
+            calls = chat(sdk).choices[0].message.tool_calls
+    finally:
+        server.stop()
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == WANTED
 
 
 def test_parallel_tool_calls_false_keeps_exactly_one(client: openai.OpenAI) -> None:
