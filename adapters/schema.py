@@ -82,6 +82,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
     @property
@@ -105,7 +106,8 @@ class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):
 
 class PassThroughRequest(SamplingFields, kw_only=True, omit_defaults=True):
     """A request whose body reaches the worker's endpoint of the same name, with no prompt the gateway
-    reads (no routing tokens, no cache salt): embeddings, and Responses for a worker that serves them.
+    reads (no routing tokens): embeddings, and Responses for a worker that serves them (salted by the
+    engines that take a salt there, like chat).
     It shares the sampling fields' Struct so the request path reads every request alike."""
 
     @property

@@ -1,9 +1,10 @@
 """Adapter for an SGLang server: its OpenAI endpoints, plus its native API where that helps.
 
-- Requests go to `/v1/chat/completions` and `/v1/completions` (the client's body, byte for byte,
-  with the tenant salt as `cache_salt`), except when the gateway has already tokenized the prompt
-  (`EngineRequest.prompt_token_ids`) and the request needs nothing beyond plain sampling: then
-  `POST /generate` with `input_ids` (salt as `extra_key`) skips SGLang's own template and tokenizer.
+- Requests go to `/v1/chat/completions`, `/v1/completions` and `/v1/responses` (the client's body,
+  byte for byte, with the tenant salt as `cache_salt`), except when the gateway has already
+  tokenized the prompt (`EngineRequest.prompt_token_ids`) and the request needs nothing beyond plain
+  sampling: then `POST /generate` with `input_ids` (salt as `extra_key`) skips SGLang's own template
+  and tokenizer.
   `/generate` streams *cumulative* `text` (or increments with `--incremental-streaming-output`);
   the adapter turns it into OpenAI deltas, `meta_info.finish_reason` objects into finish reasons and
   `meta_info.cached_tokens` into `usage.prompt_tokens_details.cached_tokens`.
@@ -221,8 +222,9 @@ class _TokenizeAnswer(msgspec.Struct):
 
 
 def _salted(request: EngineRequest) -> EngineRequest:
-    # Embeddings have no prefix KV; a Responses body goes to the worker as the client sent it.
-    if not request.cache_salt or request.operation in ("embeddings", "responses"):
+    # Embeddings have no prefix KV. A Responses body passed through is salted like chat: the
+    # worker's `/v1/responses` takes `cache_salt` too, so one tenant's prefix KV is never another's.
+    if not request.cache_salt or request.operation == "embeddings":
         return request
     return dataclasses.replace(request, raw_body=with_cache_salt(request.raw_body, request.cache_salt))
 

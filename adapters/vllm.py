@@ -1,9 +1,10 @@
 """Adapter for a vLLM server (`vllm serve`): its OpenAI endpoints and its operational ones.
 
-- Requests go to `/v1/chat/completions` and `/v1/completions` with the tenant salt as `cache_salt`
-  (vLLM keeps salted requests' prefix blocks apart). `usage.prompt_tokens_details.cached_tokens` is
-  relayed when vLLM reports it (`--enable-prompt-tokens-details`); when it does not, the cached count
-  stays unknown (None), never zero.
+- Requests go to `/v1/chat/completions`, `/v1/completions` and `/v1/responses` with the tenant salt
+  as `cache_salt` (vLLM keeps salted requests' prefix blocks apart).
+  `usage.prompt_tokens_details.cached_tokens` is relayed when vLLM reports it
+  (`--enable-prompt-tokens-details`); when it does not, the cached count stays unknown (None),
+  never zero.
 - `tokenize` calls `POST /tokenize`; `flush_cache` calls `POST /reset_prefix_cache`;
   `tokenizer_path` is the model's `root` in `GET /v1/models`; `kv_events_advert` reads
   `kv_events_config` from `GET /server_info?config_format=json` (vLLM serves it only with
@@ -172,7 +173,8 @@ class _ModelRoots(msgspec.Struct):
 
 
 def _salted(request: EngineRequest) -> EngineRequest:
-    # Embeddings have no prefix KV; a Responses body goes to the worker as the client sent it.
-    if not request.cache_salt or request.operation in ("embeddings", "responses"):
+    # Embeddings have no prefix KV. A Responses body passed through is salted like chat: the
+    # worker's `/v1/responses` takes `cache_salt` too, so one tenant's prefix KV is never another's.
+    if not request.cache_salt or request.operation == "embeddings":
         return request
     return dataclasses.replace(request, raw_body=with_cache_salt(request.raw_body, request.cache_salt))

@@ -160,6 +160,17 @@ def build_openapi() -> dict[str, Any]:
                     "parameters": [_RESPONSE_ID],
                 },
             },
+            RESPONSES_PATH + "/{response_id}/input_items": {
+                "get": {
+                    **_get(
+                        "listInputItems",
+                        "A stored response's input items, a page at a time",
+                        "InputItemList",
+                        ("400", "401", "404"),
+                    ),
+                    "parameters": [_RESPONSE_ID, *responses_openapi.INPUT_ITEMS_QUERY],
+                }
+            },
             CACHED_CHAT_PATH: {
                 "post": _generation(
                     "createCachedChatCompletion",
@@ -303,7 +314,11 @@ def _create_response() -> dict[str, Any]:
     answer["content"]["text/event-stream"] = {"schema": dict(responses_openapi.RESPONSES_SSE)}
     answer["links"] = {
         name: {"operationId": target, "parameters": {"response_id": "$response.body#/id"}}
-        for name, target in (("GetResponse", "getResponse"), ("DeleteResponse", "deleteResponse"))
+        for name, target in (
+            ("GetResponse", "getResponse"),
+            ("DeleteResponse", "deleteResponse"),
+            ("ListInputItems", "listInputItems"),
+        )
     }
     return operation
 

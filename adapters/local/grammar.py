@@ -11,9 +11,10 @@ of microseconds.
 One `OutputGrammar` per request, compiled on the event loop so that a schema the library refuses is
 a 400 before any work; one `GrammarState` per choice, a copy of the request's matcher. The engine
 thread calls `mask_rows` once a step where logits become tokens: each constrained row gets -inf
-outside its grammar's allowed tokens (all rows' masks filled into one bitmask), free rows of the same
-step are untouched; then each sampled token is fed back with `GrammarState.advance`. A finished
-grammar allows only EOS, so the model's own next token ends the choice with `stop`.
+outside its grammar's allowed tokens (llguidance's mask of one byte per token, applied by numpy),
+free rows of the same step are untouched; then each sampled token is fed back with
+`GrammarState.advance`. A finished grammar allows only EOS, so the model's own next token ends the
+choice with `stop`.
 
 Logprobs under a grammar are those of the distribution the token was drawn from: the model's,
 renormalised over the allowed tokens (a forced token has logprob 0); refused ones are never listed.
@@ -29,7 +30,6 @@ import logging
 from typing import Any
 
 import llguidance
-import llguidance.numpy
 import numpy as np
 import torch
 
@@ -112,13 +112,18 @@ def _json_rule(schema: dict[str, Any]) -> str:
 
 
 def _lark(answer: dict[str, Any] | None, tools: ToolPlan | None) -> str:
-    """One Lark grammar: `start` is a JSON answer, one call, or either (plain text or JSON, or a call)."""
+    """One Lark grammar: `start` is a JSON answer, calls, or either (plain text or JSON, or calls).
+    Calls are one, or with `parallel_tool_calls` one or more back to back, each any callable function's."""
     rules: list[str] = []
     choices: list[str] = []
-    for i, function in enumerate(tools.callable if tools is not None else ()):
-        choices.append(f"call_{i}")
+    functions = tools.callable if tools is not None else ()
+    for i, function in enumerate(functions):
         rules.append(f"call_{i}: {json.dumps(call_prefix(function.name))} args_{i} {json.dumps(CALL_SUFFIX)}")
         rules.append(f"args_{i}: {_json_rule(function.parameters)}")
+    if tools is not None:
+        choices.append("calls")
+        rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
+        rules.append("calls: call+" if tools.parallel else "calls: call")
     if tools is None or not tools.required:
         choices.append("answer")
         rules.append(f"answer: {_json_rule(answer)}" if answer is not None else "answer: FREE_TEXT")
@@ -158,19 +163,15 @@ class GrammarState:
 
 def mask_rows(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
     """Set to -inf, in place, every token that row i's grammar (`states[i]`) does not allow now;
-    rows without a grammar are left as they are."""
+    rows without a grammar are left as they are. `logits` are the step's float32 logits (the model's
+    `forward` returns them so)."""
     rows = [(i, state) for i, state in enumerate(states) if state is not None]
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), vocab)
-    # One row after another on this thread: llguidance's thread pool (`LLExecutor`) was slower per row
-    # on the 2-core box, its workers waiting for cores (benchmarks/results/structured_outputs.md).
-    for k, (_, state) in enumerate(rows):
-        llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, k)
-    refused = (
-        torch.from_numpy(np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]) == 0
-    )
-    with torch.inference_mode():  # the step's logits are inference tensors (`ModelRunner.run`)
-        for k, (row, _) in enumerate(rows):
-            logits[row].masked_fill_(refused[k], float("-inf"))
+    values = logits.numpy()  # the same memory: numpy's fill runs on this thread alone
+    for row, state in rows:
+        # llguidance's byte-per-token mask (0: refused) needs no unpacking; numpy fills the row without
+        # torch's thread pool, whose workers wait for busy cores (benchmarks/results/structured_outputs.md).
+        allowed = np.frombuffer(state.matcher.compute_logit_bias(), dtype=np.uint8)[:vocab]
+        np.copyto(values[row], -np.inf, where=allowed == 0)

@@ -6,9 +6,10 @@ first chat chunk of each choice carries `delta.role` (and `content: ""`); text a
 and whose `finish_reason` is set. With `stream_options.include_usage`, every chunk has
 `usage: null` and a last chunk with `choices: []` carries the usage.
 
-A chat request with tools reads each choice's text through a `CallParser`: a call comes out as
+A chat request with tools reads each choice's text through a `CallParser`: calls come out as
 `message.tool_calls` (content null) and `finish_reason` `tool_calls`; streamed, as OpenAI's deltas
-(`tool_calls[0]` with id, type and name first, then `function.arguments` pieces).
+(`tool_calls[i]`, i counting the choice's calls from 0: with id, type and name first, then
+`function.arguments` pieces).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 
 import msgspec
 
+from adapters.local.call_parser import CallDelta, CallParser
 from adapters.local.sampling import TokenLogprob
 from adapters.local.sequence import ChoiceDelta
 from adapters.local.tokenizer import TextTokenizer
-from adapters.local.tool_calls import CallDelta, CallParser, ToolPlan
+from adapters.local.tool_calls import ToolPlan
 from adapters.schema import CompletionTokensDetails, Operation, PromptTokensDetails, Usage
 
 _encode = msgspec.json.Encoder().encode
@@ -158,17 +160,21 @@ class ResponseWriter:
         bodies: list[dict[str, Any]] = []
         if calls.content:
             bodies.append({"content": calls.content})
-        if calls.opened is not None:
-            call_id, name = calls.opened
-            opening = {
-                "index": 0,
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": ""},
-            }
-            bodies.append({"tool_calls": [opening]})
-        if calls.arguments:
-            bodies.append({"tool_calls": [{"index": 0, "function": {"arguments": calls.arguments}}]})
+        parser = self._choices[delta.index].calls
+        for piece in calls.calls:
+            if piece.opened and parser is not None:
+                call = parser.calls[piece.index]
+                opening = {
+                    "index": piece.index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+                bodies.append({"tool_calls": [opening]})
+            if piece.arguments:
+                bodies.append(
+                    {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}
+                )
         if delta.logprobs and not bodies:
             bodies.append({})
         out = [
@@ -239,13 +245,15 @@ class ResponseWriter:
         calls = choice.calls
         if calls is None:
             return {"role": "assistant", "content": text}
-        if calls.name is None:
+        if not calls.called:
             return {"role": "assistant", "content": "".join(choice.content)}
-        function = {"name": calls.name, "arguments": calls.arguments}
         return {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": calls.call_id, "type": "function", "function": function}],
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls.calls
+            ],
         }
 
     # ---- shared ------------------------------------------------------------------------------
@@ -257,9 +265,7 @@ class ResponseWriter:
         if choice.calls is not None:
             calls = choice.calls.push(delta.text)
             if delta.finish_reason is not None:
-                tail = choice.calls.finish()
-                calls.content += tail.content
-                calls.arguments += tail.arguments
+                calls.extend(choice.calls.finish())
             choice.content.append(calls.content)
         if delta.text:
             choice.text.append(delta.text)

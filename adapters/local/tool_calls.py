@@ -1,5 +1,5 @@
-"""Tool calls on the embedded engine: which functions a request may call, how a call reads as text,
-and how the model's text turns back into OpenAI `tool_calls`, whole or as stream deltas.
+"""Tool calls on the embedded engine: which functions a request may call, and how a call reads as
+text (`adapters.local.call_parser` turns the model's text back into OpenAI `tool_calls`).
 
 SmolLM2's chat template (the GGUF's `tokenizer.chat_template`) knows nothing of tools: it renders
 every message as `<|im_start|>{role}\\n{content}<|im_end|>` and reads neither `tools` nor
@@ -12,14 +12,14 @@ and a `tool` message's content as `<tool_response>{content}</tool_response>` (Sm
 a bare result, copies the call again; shown it wrapped, it answers with it). A template that reads
 `tools` gets them, and each message's `tool_calls`, as `transformers` passes them. Either way the
 grammar (`adapters.local.grammar`) holds the model's own calls to this form, so a call always
-parses; with `tool_choice` `auto` an answer that starts with `<` is a call.
+parses; with `tool_choice` `auto` an answer that starts with `<` is a call. With
+`parallel_tool_calls` (the default) an answer may hold several calls back to back.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,9 @@ class ToolPlan:
     """The functions the model may call now: all of them, or the one `tool_choice` names."""
     required: bool
     """True when the answer must be a call (`required` or a named function)."""
+    parallel: bool = True
+    """More than one call may make the answer (`parallel_tool_calls`, true unless the request says
+    false, as at OpenAI); false: exactly one."""
 
 
 def tool_plan(params: ChatCompletionRequest) -> ToolPlan | None:
@@ -69,19 +72,20 @@ def tool_plan(params: ChatCompletionRequest) -> ToolPlan | None:
     offered = tuple(_function(tool, i) for i, tool in enumerate(params.tools))
     if len({f.name for f in offered}) != len(offered):
         raise InvalidRequest("tool function names must be unique", param="tools")
+    parallel = params.parallel_tool_calls is not False
     if choice is None or choice == "auto":
-        return ToolPlan(offered=offered, callable=offered, required=False)
+        return ToolPlan(offered=offered, callable=offered, required=False, parallel=parallel)
     if choice == "none":
         return None
     if choice == "required":
-        return ToolPlan(offered=offered, callable=offered, required=True)
+        return ToolPlan(offered=offered, callable=offered, required=True, parallel=parallel)
     function = choice.get("function") if isinstance(choice, dict) else None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict):
         name = function.get("name")
         named = [f for f in offered if f.name == name]
         if not named:
             raise InvalidRequest(f"tool_choice names a function not in tools: {name!r}", param="tool_choice")
-        return ToolPlan(offered=offered, callable=tuple(named), required=True)
+        return ToolPlan(offered=offered, callable=tuple(named), required=True, parallel=parallel)
     raise InvalidRequest(
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
         param="tool_choice",
@@ -125,12 +129,18 @@ def tools_prompt(plan: ToolPlan) -> str:
         )
         for f in plan.offered
     )
-    rule = (
-        "Answer with a call to one of them and nothing else."
-        if plan.required
-        else "Call one when you need its result; once a tool message holds the result, answer the user "
-        "in plain text with it."
-    )
+    if plan.required:
+        rule = (
+            "Answer with calls and nothing else: one call for each result you need, one after another."
+            if plan.parallel
+            else "Answer with a call to one of them and nothing else."
+        )
+    else:
+        rule = (
+            "Call them when you need their results (one call for each, one after another)"
+            if plan.parallel
+            else "Call one when you need its result"
+        ) + "; once a tool message holds the result, answer the user in plain text with it."
     return (
         f"You can call these functions (one JSON description per line):\n{listing}\n"
         f"A call is written as {CALL_OPEN}{_NAME_KEY}<function name>{_ARGUMENTS_KEY}<arguments as a JSON "
@@ -156,75 +166,3 @@ def history_call_text(tool_calls: list[dict[str, Any]]) -> str:
 def tool_result_text(content: str) -> str:
     """A tool message's content as the model reads it (the Hermes style's wrapper)."""
     return f"{RESULT_OPEN}{content}{RESULT_CLOSE}"
-
-
-@dataclass(slots=True)
-class CallDelta:
-    """What one piece of generated text adds to a choice."""
-
-    content: str = ""
-    opened: tuple[str, str] | None = None
-    """(call id, function name) when the call's name became known in this piece."""
-    arguments: str = ""
-
-
-class CallParser:
-    """One choice's text, split as it grows into plain content or one tool call's name and arguments.
-
-    Text that can still be part of the call's fixed wrapper is held back, so the streamed argument
-    pieces join to exactly the final `arguments` string."""
-
-    __slots__ = ("_held", "_mode", "_required", "arguments", "call_id", "name")
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self._required = plan.required
-        self._held = ""
-        self._mode: str | None = None  # None: undecided; "text"; "name": in the wrapper; "args"
-        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
-        self.name: str | None = None
-        self.arguments = ""
-
-    @property
-    def called(self) -> bool:
-        return self.name is not None
-
-    def push(self, text: str) -> CallDelta:
-        """Add generated text; return what of it is now certain."""
-        self._held += text
-        out = CallDelta()
-        if self._mode is None and self._held:
-            self._mode = "name" if self._required or self._held.startswith("<") else "text"
-        if self._mode == "text":
-            out.content, self._held = self._held, ""
-            return out
-        if self._mode == "name":
-            head = CALL_OPEN + _NAME_KEY
-            end = self._held.find(_ARGUMENTS_KEY, len(head))
-            if not self._held.startswith(head[: len(self._held)]) or end < 0:
-                return out
-            self.name = self._held[len(head) : end]
-            out.opened = (self.call_id, self.name)
-            self._mode, self._held = "args", self._held[end + len(_ARGUMENTS_KEY) :]
-        if self._mode == "args":
-            keep = _held_back(self._held)
-            piece, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
-            self.arguments += piece
-            out.arguments = piece
-        return out
-
-    def finish(self) -> CallDelta:
-        """The text ended: a complete wrapper is dropped, anything else still held is released."""
-        held, self._held = self._held, ""
-        if self._mode == "args":
-            piece = held[: -len(_END)] if held.endswith(_END) else held
-            self.arguments += piece
-            return CallDelta(arguments=piece)
-        return CallDelta(content=held)  # cut short before the call's name: plain text after all
-
-
-def _held_back(text: str) -> int:
-    """Length of the longest suffix of `text` that may start the call's closing `}</tool_call>`."""
-    for length in range(min(len(_END), len(text)), 0, -1):
-        if _END.startswith(text[-length:]):
-            return length
-    return 0

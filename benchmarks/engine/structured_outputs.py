@@ -5,6 +5,11 @@ Two measurements, in one process, reps alternated:
 - `mask`: `grammar.mask_rows` alone on the real vocabulary (49,152 tokens), for 1, 4 and 16
   constrained rows of a JSON-schema grammar advanced along a document, against the same call
   with no constrained row (what every free step pays): microseconds per row per step.
+- `mask_ways`: the same rows masked each way side by side, reps alternated: `mask_rows`
+  (llguidance's byte-per-token mask, filled by numpy), llguidance's own bitmask helpers
+  (`llguidance.numpy` and `llguidance.torch` `fill_next_token_bitmask` +
+  `apply_token_bitmask_inplace`; the torch one is `torch.compile`d, warmed first), and the bitmask
+  unpacked by numpy then filled by torch (what `mask_rows` did before).
 - `engine`: chat requests through `LocalEngine.complete`, greedy, 64 generated tokens each (free rows
   ban EOS, constrained rows follow a schema whose array cannot close within 64 tokens), at 1 and 8
   concurrent streams, all free, all constrained, and half and half (free and constrained rows in the
@@ -24,6 +29,8 @@ from typing import Any
 
 import llguidance
 import llguidance.numpy
+import llguidance.torch
+import numpy as np
 import torch
 
 from adapters.base import EngineRequest
@@ -136,6 +143,68 @@ def mask_us_per_row(
     return statistics.median(timings["constrained"]) * 1e6 / rows, statistics.median(timings["free"]) * 1e6
 
 
+def _by_unpacked_bitmask(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+    """The bitmask unpacked by numpy, filled by torch row by row (`mask_rows` before)."""
+    rows = [(i, s) for i, s in enumerate(states) if s is not None]
+    vocab = logits.shape[1]
+    bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), vocab)
+    for k, (_, state) in enumerate(rows):
+        llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, k)
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    refused = torch.from_numpy(bits) == 0
+    for k, (row, _) in enumerate(rows):
+        logits[row].masked_fill_(refused[k], float("-inf"))
+
+
+def _by_numpy_helpers(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+    """llguidance.numpy's fill and apply (every row of the step is constrained here)."""
+    bitmask = llguidance.numpy.allocate_token_bitmask(len(states), logits.shape[1])
+    for k, state in enumerate(states):
+        assert state is not None
+        llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, k)
+    llguidance.numpy.apply_token_bitmask_inplace(logits.numpy(), bitmask)
+
+
+def _by_torch_helpers(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+    """llguidance.torch's fill and apply (every row of the step is constrained here)."""
+    bitmask = llguidance.torch.allocate_token_bitmask(len(states), logits.shape[1])
+    for k, state in enumerate(states):
+        assert state is not None
+        llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, k)
+    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+
+
+MASK_WAYS = {
+    "mask_rows": mask_rows,
+    "llguidance_numpy_helpers": _by_numpy_helpers,
+    "llguidance_torch_helpers": _by_torch_helpers,
+    "unpacked_bitmask_torch_fill": _by_unpacked_bitmask,
+}
+
+
+def mask_ways_us_per_row(
+    compiler: GrammarCompiler, loaded: LoadedModel, rows: int, reps: int
+) -> dict[str, float]:
+    """µs per row of each way in `MASK_WAYS` on the same constrained rows, reps alternated; every
+    way must refuse exactly the tokens `mask_rows` refuses."""
+    constrained = states(compiler, loaded, rows)
+    logits = torch.randn(rows, loaded.spec.vocab_size)
+    expected = logits.clone()
+    mask_rows(expected, constrained)
+    timings: dict[str, list[float]] = {name: [] for name in MASK_WAYS}
+    for name, way in MASK_WAYS.items():  # warm (torch.compile) and check
+        step_logits = logits.clone()
+        way(step_logits, constrained)
+        assert torch.equal(torch.isinf(step_logits), torch.isinf(expected)), name
+    for _ in range(reps):
+        for name, way in MASK_WAYS.items():
+            step_logits = logits.clone()
+            start = time.perf_counter()
+            way(step_logits, constrained)
+            timings[name].append(time.perf_counter() - start)
+    return {name: round(statistics.median(t) * 1e6 / rows, 1) for name, t in timings.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -154,6 +223,7 @@ def main() -> None:
         "threads": args.threads,
         "c_kernels": config.c_kernels,
         "mask": {},
+        "mask_ways": {},
         "engine": {},
     }
     for rows in (1, 4, 16):
@@ -164,6 +234,7 @@ def main() -> None:
             "fill_only_us_per_row": round(fill_us_per_row(compiler, loaded, rows, reps=50), 1),
             "fill_by_thread_pool_us_per_row": round(pool_us_per_row(compiler, loaded, rows, reps=50), 1),
         }
+        result["mask_ways"][rows] = mask_ways_us_per_row(compiler, loaded, rows, reps=50)
     mixes = {
         "1 free": [False],
         "1 constrained": [True],

@@ -52,14 +52,17 @@ class NativeResponder:
         tenant_id: str,
         store: ResponseStore | None,
         route: RouteHint,
+        input_items: bytes = b"[]",
     ) -> None:
-        """`store` None: the request asked not to be stored (`store: false`)."""
+        """`store` None: the request asked not to be stored (`store: false`); `input_items`: the
+        response's input items as stored (JSON)."""
         self._send = send
         self._before_last = before_last
         self._json = AsgiResponder(send, before_last)
         self._tenant_id = tenant_id
         self._store = store
         self._route = route
+        self._input_items = input_items
         self._sequence = -1
 
     async def send_json(self, body: bytes, headers: Headers) -> None:
@@ -112,7 +115,7 @@ class NativeResponder:
             return
         if response_id is None:
             return
-        turn = StoredTurn(response, b"[]", self._route.served_by, native=True)
+        turn = StoredTurn(response, b"[]", self._route.served_by, native=True, input_items=self._input_items)
         try:
             await self._store.run(self._store.put, self._tenant_id, response_id, turn)
         except Exception:  # the answer is whole: a store that fails loses the row, not the answer

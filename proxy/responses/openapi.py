@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.responses.items import DEFAULT_LIMIT, INCLUDABLE, MAX_LIMIT
+
 _TEXT_PART = {
     "type": "object",
     "properties": {"type": {"enum": ["input_text", "output_text", "text"]}, "text": {"type": "string"}},
@@ -97,6 +99,31 @@ TEXT_FORMAT = {
         {"type": "null"},
     ]
 }
+INPUT_ITEMS_QUERY = [
+    {
+        "name": "order",
+        "in": "query",
+        "schema": {"enum": ["asc", "desc"], "default": "desc"},
+        "description": "Oldest first (`asc`) or newest first.",
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "An item id: the page starts after it.",
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+    },
+    {
+        "name": "include",
+        "in": "query",
+        "schema": {"type": "array", "items": {"enum": sorted(INCLUDABLE)}},
+        "description": "Fields to add: `message.input_image.image_url`, `message.output_text.logprobs`.",
+    },
+]
 RESPONSES_SSE = {
     "type": "string",
     "description": "Server-Sent Events as OpenAI frames them: `event: {type}` then `data: {event}` per "
@@ -123,6 +150,19 @@ def refine(schemas: dict[str, Any]) -> None:
         "description": "OpenAI's Response object; `usage.input_tokens_details.cached_tokens` is the prompt "
         "tokens the engine served from its prefix cache.",
         "required": ["id", "object", "created_at", "status", "model", "output"],
+    }
+    schemas["InputItemList"] = {
+        "type": "object",
+        "description": "A page of a response's input items (the whole context it answered), each with its "
+        "`id`: OpenAI's list object.",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {"type": "object", "required": ["id", "type"]}},
+            "first_id": {"type": ["string", "null"]},
+            "last_id": {"type": ["string", "null"]},
+            "has_more": {"type": "boolean"},
+        },
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
     }
     schemas["DeletedResponse"] = {
         "type": "object",

@@ -1,4 +1,4 @@
-"""`POST /v1/responses`, `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`.
+"""`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`.
 
 A create request is translated to a chat completion (`proxy.responses.translate`) and served by the
 one pipeline like any chat request: the same authentication, limits, response cache, routing and
@@ -6,7 +6,8 @@ retries; the answer goes out through `ResponsesResponder`. When every worker of 
 `/v1/responses` itself, the body is passed through instead (`proxy.responses.native`). A
 `previous_response_id` continues a stored conversation of the caller's tenant (404 otherwise): a
 translated one on the worker that served it while its load allows (where the KV of the whole history
-lives), a passed-through one on that worker only (it keeps the conversation).
+lives), a passed-through one on that worker only (it keeps the conversation). Each stored response
+keeps its input items (`proxy.responses.items`), listed a page at a time.
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ from proxy.auth import Tenant, tenant_guard
 from proxy.errors import JSON, ApiError
 from proxy.gateway import Gateway
 from proxy.pipeline import GenerationCall, Pipeline
+from proxy.responses import items
 from proxy.responses.native import NativeResponder
 from proxy.responses.responder import ResponsesResponder
 from proxy.responses.schema import ResponsesRequest
 from proxy.responses.store import ResponseStore
 from proxy.responses.translate import Message, chat_body, input_messages
-from proxy.responses.turn import Turn
+from proxy.responses.turn import Turn, new_id
 from proxy.routes.generation import ClientDisconnected, answer, read_request
 from proxy.routes.options import options_handler
 
 RESPONSES_PATH = "/v1/responses"
 RESPONSE_PATH = "/v1/responses/{response_id:str}"
+INPUT_ITEMS_PATH = "/v1/responses/{response_id:str}/input_items"
 
 _decoder = msgspec.json.Decoder(ResponsesRequest, strict=False)
 _history_decoder = msgspec.json.Decoder(list[dict[str, Any]])
@@ -77,11 +80,13 @@ def responses_handlers(
         history: list[Message] = []
         route = RouteHint()
         stored = None
+        context: list[items.Item] = []
         if request.previous_response_id is not None:
             stored = await store.run(store.get, http.tenant.id, request.previous_response_id)
             if stored is None:
                 raise not_found(request.previous_response_id)
             history = _history_decoder.decode(stored.conversation)
+            context = items.context_items(stored.input_items, stored.response)
             route.prefer_worker = stored.worker
         if stored.native if stored is not None else gateway.router.passes_responses_through(request.model):
             # The worker serves the Responses API and keeps the conversation: the body goes as sent.
@@ -90,15 +95,20 @@ def responses_handlers(
                 "responses", http.body, http.tenant, http.request_id, http.cache_control, route=route
             )
             kept = store if request.store else None
+            listed = items.encode([*context, *items.request_items(request.input, new_id)])
             await answer(
                 pipeline,
                 call,
                 receive,
                 send,
-                responder_for=lambda send, disarm: NativeResponder(send, disarm, http.tenant.id, kept, route),
+                responder_for=lambda send, disarm: NativeResponder(
+                    send, disarm, http.tenant.id, kept, route, listed
+                ),
             )
             return
-        turn = Turn(request, http.tenant.id, history, input_messages(request.input), route)
+        messages = input_messages(request.input)
+        listed_items = [*context, *items.request_items(request.input, new_id)]
+        turn = Turn(request, http.tenant.id, history, messages, route, listed_items)
         body = _encoder.encode(chat_body(request, history, turn.messages))
         call = GenerationCall("chat", body, http.tenant, http.request_id, http.cache_control, route=route)
         await answer(
@@ -131,5 +141,24 @@ def responses_handlers(
         deleted = {"id": response_id, "object": "response", "deleted": True}
         return Response(_encoder.encode(deleted), media_type=JSON)
 
+    @get(INPUT_ITEMS_PATH, guards=guards, name="list_input_items")
+    async def list_input_items(
+        request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        tenant: Tenant = request.state.tenant
+        query = items.page_query(request.query_params.multi_items())
+        stored = await store.run(store.get, tenant.id, response_id)
+        if stored is None:
+            raise not_found(response_id)
+        listing = items.page(items.stored_items(stored.input_items), query)
+        return Response(_encoder.encode(listing), media_type=JSON)
+
     # The explicit OPTIONS goes first: Litestar 2 adds its own for the first handler of a path otherwise.
-    return [options_handler(RESPONSE_PATH, ("GET", "DELETE")), create_response, get_response, delete_response]
+    return [
+        options_handler(RESPONSE_PATH, ("GET", "DELETE")),
+        options_handler(INPUT_ITEMS_PATH, ("GET",)),
+        create_response,
+        get_response,
+        delete_response,
+        list_input_items,
+    ]

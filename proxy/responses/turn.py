@@ -37,6 +37,8 @@ class Turn:
     messages: list[Message]
     """This request's input as chat messages."""
     route: RouteHint = field(default_factory=RouteHint)
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+    """The response's input items: the context it continues, then this request's input."""
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -82,7 +84,12 @@ class Turn:
     def stored(self, response: bytes, text: str | None, calls: list[Call]) -> StoredTurn:
         """The row to store: the response (JSON), and the conversation with its output appended."""
         conversation = [*self.history, *self.messages, assistant_message(text, calls)]
-        return StoredTurn(response, _encoder.encode(conversation), self.route.served_by)
+        return StoredTurn(
+            response,
+            _encoder.encode(conversation),
+            self.route.served_by,
+            input_items=_encoder.encode(self.input_items),
+        )
 
 
 def responses_usage(usage: ChatUsage) -> dict[str, Any]:

@@ -196,12 +196,14 @@ def test_stored_responses_belong_to_their_tenant(served: GatewayServer) -> None:
     for attempt in (
         lambda: bob.responses.retrieve(kept.id),
         lambda: bob.responses.delete(kept.id),
+        lambda: bob.responses.input_items.list(kept.id),
         lambda: bob.responses.create(model=MODEL, previous_response_id=kept.id, input="What did she say?"),
     ):
         with pytest.raises(openai.NotFoundError) as refused:
             attempt()
         assert refused.value.body["code"] == "response_not_found"  # type: ignore[index]
     assert alice.responses.retrieve(kept.id).output_text == kept.output_text
+    assert alice.responses.input_items.list(kept.id).data[0].content[0].text == "Alice's secret."  # type: ignore[union-attr]
     alice.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError):
         alice.responses.retrieve(kept.id)
@@ -214,6 +216,60 @@ def test_store_false_keeps_nothing(served: GatewayServer) -> None:
         client.responses.retrieve(answer.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, previous_response_id=answer.id, input="And?")
+
+
+def test_input_items_list_the_whole_context_a_page_at_a_time(served: GatewayServer) -> None:
+    client = sdk(served)
+    image = {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "auto"}
+    first = client.responses.create(
+        model=MODEL,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "One."}, image]}],
+    )
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            {"role": "user", "content": "Two."},
+        ],
+    )
+    # A continuation's input items: the first turn's input, its output, then this turn's input.
+    listed = list(client.responses.input_items.list(second.id, order="asc", limit=2))  # pages followed
+    assert [item.type for item in listed] == [
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert listed[1].id == first.output[0].id and listed[1].role == "assistant"
+    assert [listed[2].call_id, listed[3].output] == ["c1", "done"]  # type: ignore[union-attr]
+    assert listed[4].content[0].text == "Two."  # type: ignore[union-attr]
+    assert len({item.id for item in listed}) == 5 and all(item.id for item in listed)
+    newest = client.responses.input_items.list(second.id, limit=2)
+    assert [item.id for item in newest.data] == [listed[4].id, listed[3].id] and newest.has_more
+    after = client.responses.input_items.list(second.id, after=listed[3].id)
+    assert [item.id for item in after.data] == [i.id for i in reversed(listed[:3])] and not after.has_more
+    # An input image's URL is listed only when `include` asks for it.
+    assert listed[0].content[1].image_url is None  # type: ignore[union-attr]
+    shown = client.responses.input_items.list(first.id, include=["message.input_image.image_url"])
+    assert shown.data[0].content[1].image_url == image["image_url"]  # type: ignore[union-attr]
+    assert [item.id for item in shown.data] == [listed[0].id]
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [("limit=0", "limit"), ("limit=101", "limit"), ("order=up", "order"), ("include[]=x", "include")],
+)
+def test_bad_input_item_queries_are_400s(served: GatewayServer, query: str, param: str) -> None:
+    kept = sdk(served).responses.create(model=MODEL, input="Hi.")
+    answer = httpx.get(
+        f"{served.url}/responses/{kept.id}/input_items?{query}",
+        headers={"authorization": f"Bearer {KEYS['alice']}"},
+        timeout=10,
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,12 @@ def test_create_answers_and_a_follow_up_reuses_the_history_kv(client: openai.Ope
     # The prompt and the answer of the first turn are in the engine's prefix cache (whole pages).
     assert follow_up.usage.input_tokens_details.cached_tokens >= history - 2 * ENGINE.page_size
     assert follow_up.usage.input_tokens > history
+    # Its input items are the whole context it answered: the first turn, its answer, this turn.
+    items = client.responses.input_items.list(follow_up.id, order="asc")
+    assert [item.type for item in items.data] == ["message"] * 3 and not items.has_more
+    assert [item.role for item in items.data] == ["user", "assistant", "user"]  # type: ignore[union-attr]
+    assert items.data[1].id == first.output[0].id
+    assert items.data[2].content[0].text == "And of Italy?"  # type: ignore[union-attr]
 
 
 def test_stream_helper_and_final_response(client: openai.OpenAI) -> None:

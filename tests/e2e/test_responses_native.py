@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.auth import hash_key
+from proxy.auth import cache_salt, hash_key
 from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.settings import ApiKeySettings, AuthSettings, Settings
 from tests.e2e.conftest import MODEL
@@ -19,7 +19,10 @@ from tests.gateway_server import GatewayServer
 from tests.upstream_server import REPLY_WORDS, UpstreamServer
 
 KEYS = {"alice": "sk-alice", "bob": "sk-bob"}
-AUTH = AuthSettings(api_keys=[ApiKeySettings(tenant=t, sha256=hash_key(k)) for t, k in KEYS.items()])
+SECRET = "salt-secret"
+AUTH = AuthSettings(
+    api_keys=[ApiKeySettings(tenant=t, sha256=hash_key(k)) for t, k in KEYS.items()], cache_salt_secret=SECRET
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +113,40 @@ def test_delete_removes_the_workers_copy_too(gateway: GatewayServer, sent: list[
     assert deletes == [f"/v1/responses/{kept.id}"]
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
+
+
+def test_input_items_of_passed_through_responses(gateway: GatewayServer, sent: list[UpstreamServer]) -> None:
+    client = sdk(gateway)
+    first = client.responses.create(model=MODEL, input="One.")
+    second = client.responses.create(model=MODEL, input="Two.", previous_response_id=first.id)
+    listed = client.responses.input_items.list(second.id, order="asc")
+    assert [item.type for item in listed.data] == ["message"] * 3
+    assert listed.data[1].id == first.output[0].id
+    assert [listed.data[0].content[0].text, listed.data[2].content[0].text] == ["One.", "Two."]  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        sdk(gateway, "bob").responses.input_items.list(second.id)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_salting_workers_get_the_tenants_salt_in_passed_through_bodies(
+    natives: list[UpstreamServer], kind: str
+) -> None:
+    """vLLM's and SGLang's `/v1/responses` take `cache_salt` as their chat endpoints do: one tenant's
+    prefix KV is never reused for another's, and a client's own salt never reaches the worker."""
+    natives[0].requests.clear()
+    gateway = gateway_over(WorkerSpec(url=natives[0].url, kind=kind, models=[MODEL], responses_api=True))
+    try:
+        for tenant in KEYS:
+            first = sdk(gateway, tenant).responses.create(
+                model=MODEL, input="Hello", extra_body={"cache_salt": "forged"}
+            )
+            sdk(gateway, tenant).responses.create(model=MODEL, input="Again", previous_response_id=first.id)
+    finally:
+        gateway.stop()
+    salts = [body.get("cache_salt") for body in posts(natives[0])]
+    alice, bob = cache_salt(SECRET, "alice"), cache_salt(SECRET, "bob")
+    assert salts == [alice, alice, bob, bob] and alice != bob
+    assert not any(b"forged" in r.body for r in natives[0].requests)
 
 
 def test_a_chat_only_worker_or_one_configured_off_is_served_by_translation(

@@ -1,4 +1,4 @@
-"""Tool plans from requests, and the parser that turns a choice's text into content or one call."""
+"""Tool plans from requests, and the parser that turns a choice's text into content or calls."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters.errors import InvalidRequest
-from adapters.local.tool_calls import CallDelta, CallParser, ToolPlan, call_prefix, call_text, tool_plan
+from adapters.local.call_parser import CallDelta, CallParser, CallPiece
+from adapters.local.tool_calls import ToolPlan, call_prefix, call_text, tool_plan
 from adapters.schema import ChatCompletionRequest, ChatMessage
 
 WEATHER = {
@@ -83,16 +84,32 @@ def _feed(parser: CallParser, pieces: list[str]) -> list[CallDelta]:
     return [*(parser.push(p) for p in pieces), parser.finish()]
 
 
-@given(cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=12))
-def test_streamed_arguments_join_to_the_call_however_the_text_is_cut(cuts: list[int]) -> None:
-    arguments = json.dumps({"city": "Paris}</tool_call>", "days": [1, 2]})
-    text = call_text("get_weather", arguments)
+def _pieces(deltas: list[CallDelta]) -> list[CallPiece]:
+    return [piece for delta in deltas for piece in delta.calls]
+
+
+def _arguments(deltas: list[CallDelta], index: int) -> str:
+    return "".join(p.arguments for p in _pieces(deltas) if p.index == index)
+
+
+@given(cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=16))
+def test_streamed_arguments_join_to_each_call_however_the_text_is_cut(cuts: list[int]) -> None:
+    first = json.dumps({"city": "Paris}</tool_call><tool_call>", "days": [1, {"a": '\\"}'}]})
+    second = json.dumps({"timezone": "Europe/Paris"})
+    text = call_text("get_weather", first) + call_text("get_time", second)
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
     parser = CallParser(_plan(required=False))
     deltas = _feed(parser, [text[a:b] for a, b in itertools.pairwise(bounds)])
-    opened = [d.opened for d in deltas if d.opened is not None]
-    assert opened == [(parser.call_id, "get_weather")]
-    assert "".join(d.arguments for d in deltas) == parser.arguments == arguments
+    assert [(p.index, parser.calls[p.index].name) for p in _pieces(deltas) if p.opened] == [
+        (0, "get_weather"),
+        (1, "get_time"),
+    ]
+    assert (
+        [c.arguments for c in parser.calls]
+        == [_arguments(deltas, 0), _arguments(deltas, 1)]
+        == [first, second]
+    )
+    assert len({c.id for c in parser.calls}) == 2
     assert all(not d.content for d in deltas)
 
 
@@ -105,6 +122,18 @@ def test_auto_text_that_does_not_open_a_call_is_content() -> None:
 def test_a_call_cut_short_keeps_what_arrived() -> None:
     parser = CallParser(_plan(required=True))
     deltas = _feed(parser, [call_prefix("get_weather") + '{"city": "Par'])
-    assert parser.called and "".join(d.arguments for d in deltas) == '{"city": "Par'
+    assert parser.called and _arguments(deltas, 0) == '{"city": "Par'
     before_name = CallParser(_plan(required=True))
     assert _feed(before_name, ['<tool_call>{"na'])[-1].content == '<tool_call>{"na'
+    # A second call cut short before its name leaves the first whole, and no text.
+    after_one = CallParser(_plan(required=True))
+    deltas = _feed(after_one, [call_text("get_weather", '{"city": "Rome"}') + "<tool_ca"])
+    assert [c.arguments for c in after_one.calls] == ['{"city": "Rome"}'] and not any(
+        d.content for d in deltas
+    )
+
+
+def test_parallel_tool_calls_is_true_unless_the_request_says_false() -> None:
+    assert _plan(required=True).parallel
+    plan = tool_plan(chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False))
+    assert plan is not None and not plan.parallel

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from proxy.responses.store import ResponseStore, StoredTurn
@@ -54,3 +55,22 @@ async def test_run_serves_the_loop_from_memory_or_a_file(tmp_path: Path) -> None
         await store.run(store.put, "alice", "resp_1", TURN)
         assert await store.run(store.get, "alice", "resp_1") == TURN
         store.close()
+
+
+def test_a_database_from_before_input_items_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "responses.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE responses (tenant TEXT NOT NULL, id TEXT NOT NULL, created_at REAL NOT NULL,"
+        " expires_at REAL NOT NULL, response BLOB NOT NULL, conversation BLOB NOT NULL, worker TEXT,"
+        " native INTEGER NOT NULL, PRIMARY KEY (tenant, id))"
+    )
+    old.execute("INSERT INTO responses VALUES ('alice', 'resp_0', 0, 9e18, X'7B7D', X'5B5D', 'w1', 0)")
+    old.commit()
+    old.close()
+    store = ResponseStore(path, ttl_s=60)
+    assert store.get("alice", "resp_0") == StoredTurn(b"{}", b"[]", "w1", input_items=b"[]")
+    listed = StoredTurn(b"{}", b"[]", "w1", input_items=b'[{"id": "msg_1"}]')
+    store.put("alice", "resp_1", listed)
+    assert store.get("alice", "resp_1") == listed
+    store.close()
