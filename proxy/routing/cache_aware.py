@@ -52,10 +52,16 @@ from proxy.routing.worker import Worker
 
 
 def within_bound(candidates: Sequence[Worker], epsilon: float) -> list[Worker]:
-    """The candidates that may take one more request under the bounded-load rule (never empty)."""
+    """The candidates that may take one more request under the bounded-load rule (never empty): those
+    below (1 + epsilon) of the mean in-flight load per weight, counting this request; and of those, an
+    idle worker while another is above the mean (a prefix all traffic shares must not leave one idle)."""
     total_weight = sum(w.weight for w in candidates)
-    share = (1 + epsilon) * (sum(w.in_flight for w in candidates) + 1) / total_weight
-    room = [w for w in candidates if w.in_flight < math.ceil(share * w.weight - 1e-9)]
+    mean = (sum(w.in_flight for w in candidates) + 1) / total_weight
+    room = [w for w in candidates if w.in_flight < math.ceil((1 + epsilon) * mean * w.weight - 1e-9)]
+    if any(w.in_flight > mean * w.weight for w in candidates):
+        idle = [w for w in room if w.in_flight == 0]
+        if idle:
+            return idle
     return room or list(candidates)
 
 
@@ -91,11 +97,10 @@ class CacheAware:
         # Lengths and matches in the engine's tokens (a byte tree's keys divided by bytes per token).
         lengths = {w.id: length / context.units_per_token.get(w.id, 1.0) for w in candidates}
         matches = {w.id: ratios[w.id] * lengths[w.id] for w in candidates}
-        if max(ratios[w.id] for w in pool) < settings.match_threshold:
-            worker = least_loaded(pool, self._rotation)
-            # The prefix is cached, but only on workers at their bound: this one warms it.
-            held = max(ratios.values()) >= settings.match_threshold
-            return _decision(worker, "bounded_load" if held else "least_load", matches, exact)
+        best = max(ratios.values())
+        # Nothing worth keeping is cached on a worker with room: no match counts, only room and load.
+        new_prefix = max(ratios[w.id] for w in pool) < settings.match_threshold
+        counted = dict.fromkeys(matches, 0.0) if new_prefix else matches
         count = len(pool)
         order = [pool[(self._rotation + i) % count] for i in range(count)]
         fast = order
@@ -103,23 +108,25 @@ class CacheAware:
             # TTFT guard, in seconds of prefill ahead of this request's first token on each worker.
             waits = {
                 w.id: w.prefill_wait(context.now)
-                + (lengths[w.id] - matches[w.id]) / (w.weight * settings.prefill_tokens_per_s)
+                + (lengths[w.id] - counted[w.id]) / (w.weight * settings.prefill_tokens_per_s)
                 for w in order
             }
             cutoff = min(waits.values()) + settings.ttft_slack_s
             fast = [w for w in order if waits[w.id] <= cutoff]
 
         def cost(w: Worker) -> tuple[float, float]:
-            work = (settings.prefill_weight * (lengths[w.id] - matches[w.id]) + w.queued_work) / w.weight
-            return work, w.in_flight / w.weight
+            uncached = lengths[w.id] - counted[w.id]
+            # The prefix it evicts to make room: recomputed later (by someone) if it is asked again.
+            evicted = min(uncached, max(0.0, uncached - w.free_tokens))
+            return (uncached + evicted + w.queued_work) / w.weight, w.in_flight / w.weight
 
         worker = min(fast, key=cost)
         if len(fast) < count and cost(worker) > min(map(cost, order)):
             reason = "ttft"
-        elif bounded and ratios[worker.id] < max(ratios.values()):
+        elif bounded and best >= settings.match_threshold and ratios[worker.id] < best:
             reason = "bounded_load"  # the best match was at its bound: this worker warms the prefix
         else:
-            reason = "best_cost"
+            reason = "new_prefix" if new_prefix else "best_cost"
         return _decision(worker, reason, matches, exact)
 
 

@@ -183,6 +183,12 @@ class Worker:
         """The tree's size limit in its own keys: the capacity estimate times `units_per_token`."""
         return int(self.capacity_estimate * self.units_per_token)
 
+    @property
+    def free_tokens(self) -> float:
+        """Engine tokens the tree predicts are still free in the engine's cache (its capacity
+        estimate less what it holds; below 0 just before a trim)."""
+        return self.capacity_estimate - self.tree.total_tokens / self.units_per_token
+
     def scale_for(self, model: str, kind: str) -> float:
         """Tree keys per engine token for a request of `model` tokenized by `kind`, which also sets
         the tree's own scale (one model per worker is the rule; with several, the latest request's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 
 import msgspec
 import pytest
@@ -165,14 +166,18 @@ async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:
 async def _history_home_and_other(slack: float) -> tuple[str, str]:
     """A conversation whose ~5,200-byte prompt (~1,300 tokens at the assumed 4 bytes per token) lives
     on one of two workers, and the worker chosen for its next turn right after 2,000 tokens of other
-    requests' prefill were queued on that home worker: the cost still favours the history (it saves
-    2 x 1,300 tokens of prefill against 2,000 queued), the first token does not (0.1 s of prefill to
-    wait for there, 0.065 s to recompute on the idle one)."""
+    requests' prefill were queued on that home worker, while the other worker's cache is full: the
+    cost still favours the history (recomputing it there costs 1,300 tokens of prefill and evicts as
+    much, against 2,000 queued), the first token does not (0.1 s of prefill to wait for there,
+    0.065 s to recompute on the idle one)."""
     pool = make_pool(2, cache_aware={"ttft_slack_s": slack})
     history = "an earlier turn of this conversation " * 108
     lease = await pool.acquire(chat_request(SYSTEM, history))
     home = next(w for w in pool.workers() if w.id == lease.worker_id)
     lease.release(usage=None, failed=False)
+    other = next(w for w in pool.workers() if w is not home)
+    other.set_capacity(1_500, "config")
+    other.tree.insert(array("I", [7] * 6_000))  # 1,500 tokens at 4 bytes each: full
     now = time.monotonic()
     home.prefill_free_at = now  # the first turn's own prefill is long done
     home.charge(prefill=2_000, decode=0, prefill_hold_s=60, now=now)
