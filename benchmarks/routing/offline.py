@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import json
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import msgspec
 
 from adapters.base import Completion, EngineRequest, RouteHint
+from adapters.local.config import default_model_path
 from adapters.schema import ChatCompletionRequest, ChatMessage, PromptTokensDetails, Usage
 from benchmarks.responses import affinity
-from adapters.local.config import default_model_path
 from benchmarks.routing.bench import (
     BPE_WORDS_SCALE,
     CAPACITY_TOKENS,
@@ -43,7 +41,8 @@ from benchmarks.routing.bench import (
     USERS_RAMP_S,
     WORKERS,
 )
-from benchmarks.routing.sim_core import SimConfig, SimEngine, SimRequest
+from benchmarks.routing.offline_cluster import Job, OfflineCluster
+from benchmarks.routing.sim_core import SimConfig
 from benchmarks.routing.sim_tokens import SimTokens
 from benchmarks.routing.workload import (
     Conversation,
@@ -55,11 +54,10 @@ from benchmarks.routing.workload import (
     write_word_tokenizer,
 )
 from proxy.routing.config import RoutingSettings, WorkerSpec
-from proxy.routing.lease import PoolLease
-from proxy.routing.policies import Decision, RoutingContext
 from proxy.routing.pool import WorkerPool
-from proxy.routing.worker import Worker
 from proxy.routing.tokenizing import ChatRenderer, load_chat_template, load_tokenizer
+from proxy.telemetry.prometheus import METRIC_PREFIX, MetricsRegistry
+from proxy.telemetry.semconv import ROUTING_DECISIONS_METRIC
 
 MODEL = "sim-model"
 POLICIES = ("round_robin", "cache_aware", "oracle")
@@ -108,87 +106,6 @@ class Result:
     """Hinted runs: the share of hinted turns that stayed on their previous turn's worker."""
 
 
-@dataclass(slots=True, eq=False)
-class _Job:
-    request: SimRequest
-    lease: PoolLease | None
-    sent: float
-    done: Callable[[_Job], Awaitable[None]]
-    first_token: float | None = None
-
-
-class OfflineCluster:
-    """SimEngines on one simulated clock: each worker's next action (a prefill batch or a decode
-    step) is an event, and so is each answer reaching its client, `hop_s` after the request ended
-    plus a seeded random share of `jitter_s` (the HTTP hop and the host's scheduling, which keep
-    real clients out of lockstep)."""
-
-    def __init__(self, config: SimConfig, workers: int, jitter_s: float, seed: int) -> None:
-        self.config = config
-        self.engines = [SimEngine(config) for _ in range(workers)]
-        self.now = 0.0
-        self._jitter_s = jitter_s
-        self._rng = random.Random(seed)
-        self._free_at = [0.0] * workers
-        self._events: list[tuple[float, int, int, _Job | None]] = []
-        self._scheduled = [False] * workers
-        self._jobs: list[dict[int, _Job]] = [{} for _ in range(workers)]
-        self._sequence = 0
-
-    def submit(self, worker: int, job: _Job) -> None:
-        self._jobs[worker][id(job.request)] = job
-        self._schedule(worker)
-
-    def _push(self, at: float, worker: int, job: _Job | None) -> None:
-        self._sequence += 1
-        heapq.heappush(self._events, (at, self._sequence, worker, job))
-
-    def _schedule(self, worker: int) -> None:
-        if not self._scheduled[worker]:
-            self._scheduled[worker] = True
-            self._push(max(self.now, self._free_at[worker]), worker, None)
-
-    async def run(self) -> None:
-        while self._events:
-            self.now, _, worker, answered = heapq.heappop(self._events)
-            if answered is not None:
-                await answered.done(answered)
-                continue
-            self._scheduled[worker] = False
-            engine = self.engines[worker]
-            cost, finished = self._act(worker)
-            if cost is None:
-                continue
-            self._free_at[worker] = self.now + cost
-            if engine.running or engine.waiting:
-                self._schedule(worker)
-            for job in finished:
-                self._push(self.now + cost + self._rng.uniform(0, self._jitter_s), -1, job)
-
-    def _act(self, worker: int) -> tuple[float | None, list[_Job]]:
-        """Run the worker's next prefill batch or decode step: its simulated seconds (None when it
-        has nothing it can run) and the jobs it finished."""
-        engine, config = self.engines[worker], self.config
-        admitted = engine._admit()
-        if admitted:
-            cost = config.prefill_overhead_s + config.prefill_s_per_token * sum(
-                len(r.prompt) - r.cached_tokens for r in admitted
-            )
-            for request in admitted:
-                engine._emit_token(request)
-                self._jobs[worker][id(request)].first_token = self.now + cost
-        elif engine.running:
-            cost = config.decode_step_s + config.decode_s_per_request * len(engine.running)
-            for request in engine.running:
-                engine._emit_token(request)
-        else:
-            return None, []
-        engine.stats.busy_s += cost
-        finished = [r for r in engine.running if len(r.output) >= r.max_new_tokens]
-        engine._retire()
-        return cost, [self._jobs[worker].pop(id(r)) for r in finished]
-
-
 def _engine_request(messages: list[dict[str, str]], max_tokens: int, user: str | None) -> EngineRequest:
     params = ChatCompletionRequest(
         model=MODEL,
@@ -210,7 +127,12 @@ class Replay:
     """One router over one workload: the pool (or the sticky oracle) chooses, the cluster runs."""
 
     def __init__(
-        self, router: str, tokens: SimTokens, config: SimConfig, toml: dict[str, object], jitter_s: float,
+        self,
+        router: str,
+        tokens: SimTokens,
+        config: SimConfig,
+        toml: dict[str, object],
+        jitter_s: float,
         seed: int,
     ) -> None:
         self.router = router
@@ -222,21 +144,18 @@ class Replay:
         ]
         policy = "cache_aware" if router.startswith(("oracle", "hinted")) else router.split(":")[0]
         settings = msgspec.convert({**toml, "policy": policy}, RoutingSettings)
+        self.metrics = MetricsRegistry()
         self.pool = WorkerPool(
-            [MODEL], specs, settings, engine_factory=_NoEngine, clock=lambda: self.cluster.now
+            [MODEL],
+            specs,
+            settings,
+            engine_factory=_NoEngine,
+            metrics=self.metrics,
+            clock=lambda: self.cluster.now,
         )
         for worker in self.pool.workers():
             worker.set_capacity(config.capacity_tokens, "engine")
         self.index = {w.id: i for i, w in enumerate(self.pool.workers())}
-        self.reasons: dict[str, int] = {}
-        choose = self.pool.policy.choose
-
-        def counted(candidates: Sequence[Worker], context: RoutingContext) -> Decision:
-            decision = choose(candidates, context)
-            self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
-            return decision
-
-        self.pool.policy.choose = counted  # type: ignore[method-assign]
         self.ttfts: list[float] = []
         self.outputs = 0
         self.hinted = self.kept = 0
@@ -244,8 +163,13 @@ class Replay:
         """Each turn after a conversation's first names the previous turn's worker (`RouteHint`)."""
 
     async def send(
-        self, messages: list[dict[str, str]], max_tokens: int, group: int, user: str | None,
-        done: Callable[[_Job], Awaitable[None]], prefer: str | None = None,
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        group: int,
+        user: str | None,
+        done: Callable[[Job], Awaitable[None]],
+        prefer: str | None = None,
     ) -> str:
         """Route and submit one request; the id of the worker it went to."""
         prompt = self.tokens.chat([ChatMessage(role=m["role"], content=m["content"]) for m in messages])
@@ -262,10 +186,10 @@ class Replay:
                 self.hinted += 1
                 self.kept += lease.worker_id == prefer
         request = self.cluster.engines[worker].submit(prompt, max_tokens, self.tokens.output_vocab)
-        self.cluster.submit(worker, _Job(request, lease, self.cluster.now, done))
+        self.cluster.submit(worker, Job(request, lease, self.cluster.now, done))
         return f"w{worker}"
 
-    def finish(self, job: _Job) -> str:
+    def finish(self, job: Job) -> str:
         """Account a finished job and release its lease with the engine's usage; its answer text."""
         request = job.request
         self.outputs += len(request.output)
@@ -280,6 +204,16 @@ class Replay:
             job.lease.release(usage=usage, failed=False)
         return self.tokens.detokenize(request.output)
 
+    def reasons(self) -> dict[str, int]:
+        """The pool's routing decisions by reason, from its own decisions counter."""
+        counts: dict[str, int] = {}
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name == METRIC_PREFIX + ROUTING_DECISIONS_METRIC:
+                    reason = sample.labels["reason"]
+                    counts[reason] = counts.get(reason, 0) + int(sample.value)
+        return dict(sorted(counts.items()))
+
     def result(self, workload: str) -> Result:
         stats = [e.stats for e in self.cluster.engines]
         prompt = sum(s.prompt_tokens for s in stats)
@@ -292,7 +226,7 @@ class Replay:
             engine_throughput=round(self.outputs / max(s.busy_s for s in stats), 1),
             per_worker_requests=[s.requests for s in stats],
             ttft_p99_s=round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3),
-            reasons=dict(sorted(self.reasons.items())),
+            reasons=self.reasons(),
             kept=round(self.kept / self.hinted, 4) if self.hinted else None,
         )
 
@@ -301,21 +235,23 @@ async def replay_requests(replay: Replay, requests: Sequence[Request], concurren
     """`concurrency` clients, each sending the next request when its last one is answered."""
     queue = list(reversed(requests))
 
-    async def next_one(job: _Job | None = None) -> None:
+    async def next_one(job: Job | None = None) -> None:
         if job is not None:
             replay.finish(job)
         if queue:
             request = queue.pop()
-            await replay.send(request.messages, request.max_tokens, request.group,
-                              f"group-{request.group}", next_one)
+            await replay.send(
+                request.messages, request.max_tokens, request.group, f"group-{request.group}", next_one
+            )
 
     for _ in range(concurrency):
         await next_one()
     await replay.cluster.run()
 
 
-async def replay_conversations(replay: Replay, conversations: Sequence[Conversation], users: int,
-                               ramp_s: float) -> None:
+async def replay_conversations(
+    replay: Replay, conversations: Sequence[Conversation], users: int, ramp_s: float
+) -> None:
     """`users` users chatting at once, each taking the next conversation when one ends; user i starts
     `ramp_s * i / users` after the first."""
     queue = list(reversed(conversations))
@@ -324,7 +260,7 @@ async def replay_conversations(replay: Replay, conversations: Sequence[Conversat
         turn = 0
         worker: str | None = None
 
-        async def answered(job: _Job) -> None:
+        async def answered(job: Job) -> None:
             nonlocal turn
             conversation.answered(turn, replay.finish(job))
             turn += 1
@@ -337,8 +273,14 @@ async def replay_conversations(replay: Replay, conversations: Sequence[Conversat
             nonlocal worker
             request = conversation.turn(turn)
             prefer = worker if replay.hint else None
-            worker = await replay.send(request.messages, request.max_tokens, conversation.group,
-                                       f"conv-{conversation.group}", answered, prefer)
+            worker = await replay.send(
+                request.messages,
+                request.max_tokens,
+                conversation.group,
+                f"conv-{conversation.group}",
+                answered,
+                prefer,
+            )
 
         await send()
 
@@ -354,15 +296,23 @@ def workload_of(name: str, seed: int, groups: int, scale: float = 1.0) -> list[R
     """One of `bench`'s workloads; `scale` shrinks its word counts (as `bench --sim-tokenizer bpe`)."""
     system, question = round(SYSTEM_LEN * scale), round(QUESTION_LEN * scale)
     if name == "shared_prefix":
-        return generated_shared_prefix(seed, groups=groups, system_len=system, question_len=question,
-                                       output_len=OUTPUT_LEN)
+        return generated_shared_prefix(
+            seed, groups=groups, system_len=system, question_len=question, output_len=OUTPUT_LEN
+        )
     if name == "skewed":
-        return skewed_popularity(seed, groups=groups, system_len=system, question_len=question,
-                                 output_len=OUTPUT_LEN)
+        return skewed_popularity(
+            seed, groups=groups, system_len=system, question_len=question, output_len=OUTPUT_LEN
+        )
     if name == "no_sharing":
         return no_sharing(seed, prompt_len=system + question, output_len=OUTPUT_LEN)
-    return multi_turn(seed, conversations=CONVERSATIONS, turns=TURNS, system_len=system,
-                      question_len=question, output_len=OUTPUT_LEN // 2)
+    return multi_turn(
+        seed,
+        conversations=CONVERSATIONS,
+        turns=TURNS,
+        system_len=system,
+        question_len=question,
+        output_len=OUTPUT_LEN // 2,
+    )
 
 
 async def run_one(workload: str, router: str, args: argparse.Namespace, tokens: SimTokens) -> Result:
@@ -392,18 +342,34 @@ async def run_one(workload: str, router: str, args: argparse.Namespace, tokens: 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn", "skewed", "no_sharing"])
-    parser.add_argument("--routers", nargs="+", default=list(POLICIES),
-                        help="policy names, `oracle`, or POLICY:NAME for a variant given by --setting")
-    parser.add_argument("--setting", action="append", default=[],
-                        help="NAME=JSON: [routing] settings of the variant POLICY:NAME")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workloads", nargs="+", default=["shared_prefix", "multi_turn", "skewed", "no_sharing"]
+    )
+    parser.add_argument(
+        "--routers",
+        nargs="+",
+        default=list(POLICIES),
+        help="policy names, `oracle`, or POLICY:NAME for a variant given by --setting",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        help="NAME=JSON: [routing] settings of the variant POLICY:NAME",
+    )
     parser.add_argument("--sim-tokenizer", choices=("word", "bpe"), default="word")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
-    parser.add_argument("--jitter-s", type=float, default=DEFAULT_JITTER_S,
-                        help="simulated seconds of random delay before a client sees its answer")
+    parser.add_argument(
+        "--jitter-s",
+        type=float,
+        default=DEFAULT_JITTER_S,
+        help="simulated seconds of random delay before a client sees its answer",
+    )
     args = parser.parse_args(argv)
     args.settings = dict(s.partition("=")[::2] for s in args.setting)
     OUT.mkdir(exist_ok=True)

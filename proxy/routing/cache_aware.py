@@ -4,20 +4,23 @@ All lengths are in the engine's tokens (a byte tree's keys are divided by the le
 token: `RoutingContext.units_per_token`). For a prompt of L tokens and each worker w, with m_w the
 prefix it holds (from its engine's KV events when it has a live feed, or the approximate tree's
 prediction when that is longer: the tree already holds what was just sent there and is not stored
-yet) and Q_w its queued work:
+yet), F_w the free room its tree predicts in its engine's cache and Q_w its queued work:
 
-    cost_w = (prefill_weight * (L - m_w) + Q_w) / weight_w
+    cost_w = ((L - m_w) + E_w + Q_w) / weight_w
+    E_w    = min(L - m_w, max(0, (L - m_w) - F_w))
 
     Q_w = sum over w's in-flight requests r of (decode_weight * expected_output_r
                                                 + uncached_r * [dispatched < prefill_hold_s ago])
 
-(`prefill_hold_s` is 0 by default: queued work is decode only, and the load bound below keeps a
-burst of misses apart.)
+(`prefill_hold_s` is 0 by default: queued work is decode only.)
 
-Both terms are tokens of work: L - m_w is the prefill this request would add on w, Q_w what already
-waits there. So a long match wins only while the work it saves exceeds the extra queue it joins
-(like NVIDIA Dynamo's KV router), which keeps chats that share one system prompt from piling onto
-the first worker that cached it.
+Every term is tokens of work: L - m_w is the prefill this request adds on w, E_w the cached prefix
+it evicts there to make room (recomputed later, by whoever asks for it again: a miss in a full cache
+costs twice its prefill, in a cache with room once), Q_w what already waits there. So a long match
+wins only while the work it saves exceeds the extra queue it joins (like NVIDIA Dynamo's KV router),
+and a prompt cached nowhere goes where it evicts least, then to the least queued work: new prefixes
+fill the caches evenly, as sglang-router's "smallest tree" does, and with nothing shared at all the
+policy is least-load.
 
 The cost is taken only over the workers within the load bound (consistent hashing with bounded
 loads, Mirrokni et al. 2018): with N requests in flight over workers of total weight W, worker w
@@ -25,15 +28,18 @@ may take one more while
 
     in_flight_w < ceil((1 + load_epsilon) * (N + 1) * weight_w / W)
 
-so no worker exceeds (1 + ε) times the mean load while another has room. That is also what spreads
-a hot prefix: once the worker holding it is at its bound, the next request for it goes to the
-cheapest worker with room, whose tree then holds the prefix too, and the prefix's later requests
-weigh both (then a third...). Prefixes whose demand fits one worker keep their affinity. The one
-formula has no per-workload constant: ε is a fairness bound, prefill_weight and decode_weight are
-ratios of work.
+so no worker exceeds (1 + ε) times the mean load while another has room; and while any worker is
+above the mean, an idle worker takes the next request whatever its prefix (a prefix all traffic
+shares would otherwise leave a worker without work, since a miss there always costs more than one
+more request in a warm worker's queue). That is also what spreads a hot prefix: once the worker
+holding it is at its bound, the next request for it goes to the cheapest worker with room, whose tree
+then holds the prefix too, and the prefix's later requests weigh both (then a third...). Prefixes
+whose demand fits one worker keep their affinity. The one formula has no per-workload constant: ε is
+a fairness bound (1: twice the mean), decode_weight a ratio of work.
 
-- if the best match ratio max_w(m_w) / L is below `match_threshold`, nothing worth keeping is cached
-  anywhere: the least-loaded worker within the bound takes it (and its tree grows there).
+- if the best match ratio max_w(m_w) / L over the workers within the bound is below
+  `match_threshold`, nothing worth keeping is cached there: no match counts (the decision's reason
+  is `new_prefix`, or `bounded_load` when a worker at its bound holds it).
 - an optional TTFT guard (`ttft_slack_s`, off by default) keeps only the workers whose expected wait
   for this request's first token, `wait_w = D_w + (L - m_w) / (weight_w * prefill_tokens_per_s)`
   with D_w the prefill already queued there, is within the slack of the fastest's.
