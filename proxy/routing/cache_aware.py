@@ -9,14 +9,17 @@ yet), F_w the free room its tree predicts in its engine's cache and Q_w its queu
     cost_w = ((L - m_w) + E_w + Q_w) / weight_w
     E_w    = min(L - m_w, max(0, (L - m_w) - F_w))
 
-    Q_w = sum over w's in-flight requests r of (decode_weight * expected_output_r
-                                                + uncached_r * [dispatched < prefill_hold_s ago])
+    Q_w = P_w + sum over w's in-flight requests r of (decode_weight * expected_output_r
+                                                      + uncached_r * [dispatched < prefill_hold_s ago])
 
-(`prefill_hold_s` is 0 by default: queued work is decode only.)
+with P_w the prefill sent to w that its engine has not computed yet: each dispatched request's
+uncached tokens join a queue that drains at `prefill_tokens_per_s` times the worker's weight
+(`prefill_hold_s`, 0 by default, can hold them longer).
 
 Every term is tokens of work: L - m_w is the prefill this request adds on w, E_w the cached prefix
 it evicts there to make room (recomputed later, by whoever asks for it again: a miss in a full cache
-costs twice its prefill, in a cache with room once), Q_w what already waits there. So a long match
+costs twice its prefill, in a cache with room once), Q_w what already waits there: the prefill still
+to compute, which is what a burst of misses piles up, and the decode. So a long match
 wins only while the work it saves exceeds the extra queue it joins (like NVIDIA Dynamo's KV router),
 and a prompt cached nowhere goes where it evicts least, then to the least queued work: new prefixes
 fill the caches evenly, as sglang-router's "smallest tree" does, and with nothing shared at all the
@@ -124,7 +127,11 @@ class CacheAware:
             uncached = lengths[w.id] - counted[w.id]
             # The prefix it evicts to make room: recomputed later (by someone) if it is asked again.
             evicted = min(uncached, max(0.0, uncached - w.free_tokens))
-            return (uncached + evicted + w.queued_work) / w.weight, w.in_flight / w.weight
+            queued = w.queued_work
+            if new_prefix or ratios[w.id] < settings.match_threshold:
+                # It reuses nothing of the prefill still computing there: it only waits behind it.
+                queued += w.prefill_backlog(context.now, settings.prefill_tokens_per_s)
+            return (uncached + evicted + queued) / w.weight, w.in_flight / w.weight
 
         worker = min(fast, key=cost)
         if len(fast) < count and cost(worker) > min(map(cost, order)):

@@ -236,6 +236,11 @@ class Worker:
         queues behind: engines run prefill before decode)."""
         return max(0.0, self.prefill_free_at - now)
 
+    def prefill_backlog(self, now: float, tokens_per_s: float) -> float:
+        """Tokens of the prefill already sent here that should still be computing (the prefill
+        queue's remaining seconds at the configured speed)."""
+        return self.prefill_wait(now) * tokens_per_s * self.weight
+
     def queue_prefill(self, tokens: float, tokens_per_s: float, now: float) -> None:
         """Add one dispatched request's uncached prompt to the worker's prefill queue."""
         self.prefill_free_at = max(now, self.prefill_free_at) + tokens / (tokens_per_s * self.weight)
