@@ -140,8 +140,9 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     1 s, a fast engine's long-done prefills kept making workers look busy and moved prefixes off the
     workers holding them (`benchmarks/routing`)."""
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
-    """Prefill speed of a weight-1 worker, for the TTFT guard's prefill queues. 20,000: an 8B model on
-    one H100-class GPU (the simulated workers of `benchmarks/routing` at time scale 1)."""
+    """Prefill speed of a weight-1 worker: how fast the prefill sent to a worker drains (a request
+    that reuses nothing there waits behind it in the cost; the TTFT guard's queues). 20,000: an 8B
+    model on one H100-class GPU (the simulated workers of `benchmarks/routing` at time scale 1)."""
     ttft_slack_s: float = DEFAULT_TTFT_SLACK_S
     """TTFT guard: a worker is a candidate only while its expected wait for this request's first token
     (the prefill queued there, then this request's uncached prefill) is at most this much longer than
