@@ -157,8 +157,8 @@ class CacheAwareSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     second worker, then a third, which warm it; and an idle worker takes the next request while
     another is above the mean. 1.0: at most twice the mean. Tighter bounds split groups of requests
     that share a prefix whenever their worker's share of the traffic rises by chance (at 16 in flight
-    per worker, 0.25 moved 8% of them and cost 5-8 points of hit rate on generated-shared-prefix;
-    `benchmarks/routing`)."""
+    per worker, 0.25 moved 7% of them and cost 7.5 points of hit rate on generated-shared-prefix;
+    `benchmarks/results/routing.md`)."""
     tree_ttl_s: float = DEFAULT_TREE_TTL_S
     """Tree entries untouched this long are dropped (engines evict idle prefixes too)."""
     expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS
