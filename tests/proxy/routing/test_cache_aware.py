@@ -245,3 +245,16 @@ async def test_a_new_prefix_goes_where_it_evicts_least() -> None:
     roomy.charge(prefill=0, decode=200, prefill_hold_s=0, now=time.monotonic())
     lease = await pool.acquire(chat_request("a prompt nobody has sent before " * 40, "q"))
     assert lease.worker_id == roomy.id
+
+
+async def test_a_miss_waits_behind_the_prefill_still_computing_on_a_worker() -> None:
+    pool = make_pool(2)
+    busy, free = pool.workers()
+    now = time.monotonic()
+    # By decode alone `busy` is the less loaded...
+    busy.charge(prefill=0, decode=32, prefill_hold_s=0, now=now)
+    free.charge(prefill=0, decode=64, prefill_hold_s=0, now=now)
+    # ...but a batch of misses was just sent there: one second of prefill at the configured speed.
+    busy.queue_prefill(DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_PREFILL_TOKENS_PER_S, now)
+    lease = await pool.acquire(chat_request("a prompt nobody has sent before " * 40, "q"))
+    assert lease.worker_id == free.id
