@@ -15,7 +15,9 @@ SGLang workers (32k-token caches) count tokens with a tokenizer the gateway is n
 `--offer-tokenizer` sets how much of it they let a router find (see `sim_engine`): `none` leaves the
 gateway UTF-8 bytes and the bytes per token it learns from the workers' `prompt_tokens`.
 `--sim-tokenizer bpe` swaps the word-level vocabulary for the embedded model's BPE one (SmolLM2's,
-from its GGUF), under which a word is several tokens.
+from its GGUF), under which a word is several tokens. `--seed`, `--groups` and `--concurrency` vary
+what the workloads fix. `offline.py` replays the same workloads through the gateway's pool in
+simulated time, in-process (deterministic, seconds per workload; no sglang-router).
 """
 
 from __future__ import annotations
