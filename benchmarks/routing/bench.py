@@ -15,7 +15,9 @@ SGLang workers (32k-token caches) count tokens with a tokenizer the gateway is n
 `--offer-tokenizer` sets how much of it they let a router find (see `sim_engine`): `none` leaves the
 gateway UTF-8 bytes and the bytes per token it learns from the workers' `prompt_tokens`.
 `--sim-tokenizer bpe` swaps the word-level vocabulary for the embedded model's BPE one (SmolLM2's,
-from its GGUF), under which a word is several tokens.
+from its GGUF), under which a word is several tokens. `--seed`, `--groups` and `--concurrency` vary
+what the workloads fix. `offline.py` replays the same workloads through the gateway's pool in
+simulated time, in-process (deterministic, seconds per workload; no sglang-router).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -61,6 +63,8 @@ CAPACITY_TOKENS = 32_768
 """Each worker's KV pool: 16 system prompts, with nothing left for questions and outputs (the
 shared-prefix workload's 64 prompts need all four workers' caches and a little more)."""
 CONCURRENCY = 64
+DEFAULT_SEED = 7
+DEFAULT_GROUPS = 64
 BPE_WORDS_SCALE = 0.5
 """Under the BPE vocabulary a workload word is about two tokens: half the words, about the same tokens."""
 TURNS = 5
@@ -75,31 +79,41 @@ steps), as users arrive in production. Started all at once, they stay in lockste
 every conversation on a worker lands in the same instant, and the first 48 requests all hit a cold
 cluster together; with 1,040 requests those synchronized bursts, not the routing, made the p99."""
 OUT = Path(__file__).parent / "out"
-DEFAULT_SEED = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a run fixes about its workloads (vary it to check a policy is not tuned to one)."""
+
+    seed: int = DEFAULT_SEED
+    groups: int = DEFAULT_GROUPS
+    """Shared-prefix and skewed: distinct system prompts."""
+    concurrency: int = CONCURRENCY
+    """Requests in flight (shared prefix, skewed, no sharing)."""
+    words_scale: float = 1.0
+    """Shrinks the prompts' word counts (a BPE vocabulary makes each word several tokens: 0.5
+    keeps its prompts near the word-level sizes in tokens)."""
 
 
 async def replay(
-    workload: str,
-    seed: int,
-    target: Callable[[int], str],
-    session_ids: bool,
-    time_scale: float,
-    words_scale: float = 1.0,
+    workload: str, target: Callable[[int], str], session_ids: bool, time_scale: float, shape: Shape
 ) -> RunResult:
-    """Replay one workload; `words_scale` shrinks its prompts' word counts (a BPE vocabulary
-    makes each word several tokens: 0.5 keeps its prompts near the word-level sizes in tokens)."""
-    system, question = round(SYSTEM_LEN * words_scale), round(QUESTION_LEN * words_scale)
+    """Replay one workload."""
+    seed, groups, concurrency = shape.seed, shape.groups, shape.concurrency
+    system, question = round(SYSTEM_LEN * shape.words_scale), round(QUESTION_LEN * shape.words_scale)
     if workload == "shared_prefix":
         requests = generated_shared_prefix(
-            seed, system_len=system, question_len=question, output_len=OUTPUT_LEN
+            seed, groups=groups, system_len=system, question_len=question, output_len=OUTPUT_LEN
         )
-        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+        return await run_requests(requests, target, concurrency, user_ids=session_ids)
     if workload == "skewed":
-        requests = skewed_popularity(seed, system_len=system, question_len=question, output_len=OUTPUT_LEN)
-        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+        requests = skewed_popularity(
+            seed, groups=groups, system_len=system, question_len=question, output_len=OUTPUT_LEN
+        )
+        return await run_requests(requests, target, concurrency, user_ids=session_ids)
     if workload == "no_sharing":
         requests = no_sharing(seed, prompt_len=system + question, output_len=OUTPUT_LEN)
-        return await run_requests(requests, target, CONCURRENCY, user_ids=session_ids)
+        return await run_requests(requests, target, concurrency, user_ids=session_ids)
     conversations = multi_turn(
         seed,
         conversations=CONVERSATIONS,
@@ -158,12 +172,11 @@ def run_one(
     workers: Sequence[Proc],
     target: Callable[[int], str],
     time_scale: float,
-    words_scale: float = 1.0,
-    seed: int = DEFAULT_SEED,
+    shape: Shape,
 ) -> Row:
     flush_workers(workers)
     before, cpu_before = [worker_counters(w) for w in workers], _cpu(router, workers)
-    result = asyncio.run(replay(workload, seed, target, True, time_scale, words_scale))
+    result = asyncio.run(replay(workload, target, True, time_scale, shape))
     after, cpu_after = [worker_counters(w) for w in workers], _cpu(router, workers)
     cpu = Cpu(
         router=None
@@ -215,11 +228,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[],
         help="NAME=TOML: one more cache_aware gateway with extra settings (\\n for newlines)",
     )
+    parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
     args.kv_events = args.kv_events or args.kv_events_configured
     OUT.mkdir(exist_ok=True)
     words_scale = 1.0 if args.sim_tokenizer == "word" else BPE_WORDS_SCALE
+    shape = Shape(args.seed, args.groups, args.concurrency, words_scale)
     word_tokenizer = write_word_tokenizer(OUT / "tokenizer.json")
     tokenizer = word_tokenizer if args.sim_tokenizer == "word" else default_model_path()
     gateway_config = OUT / "gateway.toml"
@@ -267,18 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             cluster.wait_ready(routers)
             for router in routers:
                 target = _fixed(router.url)
-                rows.append(
-                    run_one(
-                        workload,
-                        router.name,
-                        router,
-                        workers,
-                        target,
-                        args.time_scale,
-                        words_scale,
-                        args.seed,
-                    )
-                )
+                rows.append(run_one(workload, router.name, router, workers, target, args.time_scale, shape))
             rows.append(
                 run_one(
                     workload,
@@ -287,8 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     workers,
                     lambda group: workers[group % len(workers)].url,
                     args.time_scale,
-                    words_scale,
-                    args.seed,
+                    shape,
                 )
             )
             cluster.stop(routers)
@@ -301,8 +305,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sim": asdict(config),
         "offer_tokenizer": args.offer_tokenizer,
         "sim_tokenizer": args.sim_tokenizer,
-        "seed": args.seed,
         "kv_events": args.kv_events and ("configured" if args.kv_events_configured else "discovered"),
+        "shape": asdict(shape),
         "rows": [asdict(r) for r in rows],
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),

@@ -2,8 +2,9 @@
 
 A front door that knows where a conversation's KV lives (`/v1/responses` with `previous_response_id`)
 names that worker in `EngineRequest.route.prefer_worker`. The pool keeps the request there unless
-that worker is unavailable or at the load bound the cache_aware policy applies to every candidate
-(`cache_aware.within_bound`, `load_epsilon`); then the policy chooses as usual. Unlike the routing tree's
+that worker is unavailable or outside the load bound the cache_aware policy applies to every candidate
+(`cache_aware.within_bound`: at most (1 + `load_epsilon`) times the mean, and no other worker idle
+while it is above the mean); then the policy chooses as usual. Unlike the routing tree's
 prediction, the hint holds however long the history, whatever was evicted from the tree, and under
 any policy. A hint marked `required` (a conversation whose state the worker itself stores, for a
 worker that serves `/v1/responses` natively) admits that worker only.

@@ -185,6 +185,12 @@ class Worker:
         """The tree's size limit in its own keys: the capacity estimate times `units_per_token`."""
         return int(self.capacity_estimate * self.units_per_token)
 
+    @property
+    def free_tokens(self) -> float:
+        """Engine tokens the tree predicts are still free in the engine's cache (its capacity
+        estimate less what it holds; below 0 just before a trim)."""
+        return self.capacity_estimate - self.tree.total_tokens / self.units_per_token
+
     def scale_for(self, model: str, kind: str) -> float:
         """Tree keys per engine token for a request of `model` tokenized by `kind`, which also sets
         the tree's own scale (one model per worker is the rule; with several, the latest request's
@@ -231,6 +237,11 @@ class Worker:
         """Seconds until the prefill already sent here should be done (what a new request's prefill
         queues behind: engines run prefill before decode)."""
         return max(0.0, self.prefill_free_at - now)
+
+    def prefill_backlog(self, now: float, tokens_per_s: float) -> float:
+        """Tokens of the prefill already sent here that should still be computing (the prefill
+        queue's remaining seconds at the configured speed)."""
+        return self.prefill_wait(now) * tokens_per_s * self.weight
 
     def queue_prefill(self, tokens: float, tokens_per_s: float, now: float) -> None:
         """Add one dispatched request's uncached prompt to the worker's prefill queue."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from array import array
 
 import msgspec
 import pytest
 
 from adapters.schema import PromptTokensDetails, Usage
-from proxy.routing.config import DEFAULT_PREFILL_TOKENS_PER_S, RoutingSettings
+from proxy.routing.config import DEFAULT_LOAD_EPSILON, DEFAULT_PREFILL_TOKENS_PER_S, RoutingSettings
 from tests.proxy.routing.conftest import chat_request, make_pool
 
 SYSTEM = "You are a careful assistant. " * 40
@@ -39,7 +41,9 @@ async def test_multi_turn_chats_sharing_one_system_prompt_do_not_pile_onto_one_w
     for lease in leases:
         per_worker[lease.worker_id] = per_worker.get(lease.worker_id, 0) + 1
     assert len(per_worker) == 4
-    assert max(per_worker.values()) <= 5  # the load bound: ceil(1.25 x 16 / 4)
+    # An idle worker takes the next request while another is above the mean, whatever its prefix;
+    # once every worker holds the prompt, the least queued work evens them out.
+    assert max(per_worker.values()) <= 5
 
 
 async def test_a_conversation_returns_to_the_worker_holding_its_history() -> None:
@@ -56,7 +60,7 @@ async def test_a_conversation_returns_to_the_worker_holding_its_history() -> Non
 
 
 async def test_no_worker_goes_above_the_load_bound_while_others_have_room() -> None:
-    pool = make_pool(4)
+    pool = make_pool(4, cache_aware={"load_epsilon": 0.25})
     # 40 requests for one prefix, all in flight: one worker could hold its cache, not its load.
     held = [await pool.acquire(chat_request(SYSTEM, f"q{i}")) for i in range(40)]
     per_worker = [w.in_flight for w in pool.workers()]
@@ -67,7 +71,7 @@ async def test_no_worker_goes_above_the_load_bound_while_others_have_room() -> N
 
 
 async def test_a_hot_prefix_spreads_to_more_workers_while_the_others_keep_their_affinity() -> None:
-    pool = make_pool(4)
+    pool = make_pool(4, cache_aware={"load_epsilon": 0.25})
     homes = {}
     for i in range(8):  # eight prefixes, each cached on one worker
         system = f"cold system prompt {i} " * 40
@@ -165,14 +169,18 @@ async def test_a_model_with_one_worker_is_routed_without_tokenizing() -> None:
 async def _history_home_and_other(slack: float) -> tuple[str, str]:
     """A conversation whose ~5,200-byte prompt (~1,300 tokens at the assumed 4 bytes per token) lives
     on one of two workers, and the worker chosen for its next turn right after 2,000 tokens of other
-    requests' prefill were queued on that home worker: the cost still favours the history (it saves
-    2 x 1,300 tokens of prefill against 2,000 queued), the first token does not (0.1 s of prefill to
-    wait for there, 0.065 s to recompute on the idle one)."""
+    requests' prefill were queued on that home worker, while the other worker's cache is full: the
+    cost still favours the history (recomputing it there costs 1,300 tokens of prefill and evicts as
+    much, against 2,000 queued), the first token does not (0.1 s of prefill to wait for there,
+    0.065 s to recompute on the idle one)."""
     pool = make_pool(2, cache_aware={"ttft_slack_s": slack})
     history = "an earlier turn of this conversation " * 108
     lease = await pool.acquire(chat_request(SYSTEM, history))
     home = next(w for w in pool.workers() if w.id == lease.worker_id)
     lease.release(usage=None, failed=False)
+    other = next(w for w in pool.workers() if w is not home)
+    other.set_capacity(1_500, "config")
+    other.tree.insert(array("I", [7] * 6_000))  # 1,500 tokens at 4 bytes each: full
     now = time.monotonic()
     home.prefill_free_at = now  # the first turn's own prefill is long done
     home.charge(prefill=2_000, decode=0, prefill_hold_s=60, now=now)
@@ -204,10 +212,49 @@ def test_a_workers_prefill_queue_drains_at_its_prefill_speed() -> None:
 
 
 async def test_affinity_never_leaves_a_worker_idle_while_another_is_over_the_bound() -> None:
-    pool = make_pool(2)
+    pool = make_pool(2, cache_aware={"load_epsilon": 0.25})
     # Ten requests sharing a system prompt arrive one at a time and stay in flight. By cost alone
     # each would land where the prompt is cached (a miss elsewhere weighs more than one more short
     # decode in the busy worker's batch); the load bound fills the idle worker.
     held = [await pool.acquire(chat_request(SYSTEM, f"q{i}", max_tokens=16)) for i in range(10)]
     assert max(w.in_flight for w in pool.workers()) <= 7  # ceil(1.25 x 10 / 2)
     assert {lease.worker_id for lease in held} == {"w0", "w1"}
+
+
+async def test_the_default_bound_holds_a_prefix_to_twice_the_mean_and_leaves_no_worker_idle() -> None:
+    pool = make_pool(4)
+    assert pool.settings.cache_aware.load_epsilon == DEFAULT_LOAD_EPSILON
+    # 40 requests for one prefix, all in flight: every worker is warmed (none stays idle while
+    # another is above the mean) and none holds more than ceil(2 x 40 / 4).
+    held = [await pool.acquire(chat_request(SYSTEM, f"q{i}")) for i in range(40)]
+    per_worker = [w.in_flight for w in pool.workers()]
+    assert min(per_worker) > 0
+    assert max(per_worker) <= math.ceil((1 + DEFAULT_LOAD_EPSILON) * 40 / 4)
+    for lease in held:
+        lease.release(usage=None, failed=False)
+
+
+async def test_a_new_prefix_goes_where_it_evicts_least() -> None:
+    pool = make_pool(2)
+    full, roomy = pool.workers()
+    for worker in (full, roomy):
+        worker.set_capacity(2_000, "config")
+    full.tree.insert(array("I", [7] * 8_000))  # 2,000 tokens at the assumed 4 bytes each: full
+    # The roomy worker is busier (200 tokens of queued work), but a miss of ~300 tokens on the full
+    # one would also evict as much of a cached prefix, which is recomputed when it is asked again.
+    roomy.charge(prefill=0, decode=200, prefill_hold_s=0, now=time.monotonic())
+    lease = await pool.acquire(chat_request("a prompt nobody has sent before " * 40, "q"))
+    assert lease.worker_id == roomy.id
+
+
+async def test_a_miss_waits_behind_the_prefill_still_computing_on_a_worker() -> None:
+    pool = make_pool(2)
+    busy, free = pool.workers()
+    now = time.monotonic()
+    # By decode alone `busy` is the less loaded...
+    busy.charge(prefill=0, decode=32, prefill_hold_s=0, now=now)
+    free.charge(prefill=0, decode=64, prefill_hold_s=0, now=now)
+    # ...but a batch of misses was just sent there: one second of prefill at the configured speed.
+    busy.queue_prefill(DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_PREFILL_TOKENS_PER_S, now)
+    lease = await pool.acquire(chat_request("a prompt nobody has sent before " * 40, "q"))
+    assert lease.worker_id == free.id
