@@ -48,7 +48,7 @@ class WindowCache:
     @property
     def pages(self) -> int:
         """Pages held for reuse."""
-        return sum(len(entry.pages) for entry in self._entries.values())
+        return sum(len(entry.pages) + len(entry.window.anchors) for entry in self._entries.values())
 
     def keep(self, salt: str, tokens: list[int], pages: list[int], window: WindowState) -> None:
         """Hold a finished sequence's kept cache (its page references move here)."""
@@ -87,5 +87,5 @@ class WindowCache:
 
     def _drop(self, key: int) -> int:
         entry = self._entries.pop(key)
-        self.pool.release(entry.pages)
-        return len(entry.pages)
+        self.pool.release(entry.pages + entry.window.anchors)
+        return len(entry.pages) + len(entry.window.anchors)
