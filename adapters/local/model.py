@@ -221,7 +221,9 @@ class LlamaModel:
             self._mlp(x, layer, norm, int8_rows, decode_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
 
-    def shift_keys(self, pool: KVPool, slots: list[int], shift: int, sources: list[int] | None = None) -> None:
+    def shift_keys(
+        self, pool: KVPool, slots: list[int], shift: int, sources: list[int] | None = None
+    ) -> None:
         """Move the keys stored in token `slots` (every layer) `shift` positions back, in place, or
         write there those of `sources` moved so: RoPE rotates each pair of a head by position x
         frequency, so rotating a stored key by `-shift` x frequency leaves it as if rotated at its

@@ -127,7 +127,17 @@ class WindowState:
     head's last page is the window's first while its tail is still in view)."""
 
     __slots__ = (
-        "anchors", "base", "begin", "head_offset", "head_pages", "moved", "page_size", "pin", "pinned", "sinks", "spec"
+        "anchors",
+        "base",
+        "begin",
+        "head_offset",
+        "head_pages",
+        "moved",
+        "page_size",
+        "pin",
+        "pinned",
+        "sinks",
+        "spec",
     )
 
     def __init__(self, spec: WindowSpec, page_size: int, carry: Carry | None = None) -> None:

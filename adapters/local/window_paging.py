@@ -16,6 +16,7 @@ from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence
 from adapters.local.window import KeyMove, Rotation, WindowState
 from adapters.local.window_cache import WindowCache
+from adapters.local.window_store import WindowStore
 
 Alloc = Callable[[int], list[int] | None]
 """The scheduler's allocator: fresh pages (evicting cached ones first), or None."""
@@ -28,7 +29,9 @@ class WindowPaging:
         self.pool = pool
         self.cache = cache
         self.alloc = alloc
-        self.kept = WindowCache(pool)
+        self.store = WindowStore(cache.offload) if cache.offload is not None else None
+        """Kept windows that leave memory go to the offload's L2/L3 tiers, and come back from them."""
+        self.kept = WindowCache(pool, on_drop=self.store.save if self.store is not None else None)
         self.slid_pages = 0
         """Pages that slid out of windows and went back to the pool, since start."""
         self.hits = 0
@@ -62,6 +65,8 @@ class WindowPaging:
         if seq.forks:  # siblings fork from a prompt computed here; keep it simple: they recompute
             return False
         kept = self.kept.take(seq.salt, seq.tokens[:-1], at_least)
+        if kept is None and self.store is not None and len(seq.tokens) > window.sinks + window.spec.size:
+            kept = self.store.load(seq.salt, seq.tokens[:-1], at_least, window.spec, self.alloc)
         if kept is None:
             return False
         state = kept.window
@@ -82,6 +87,13 @@ class WindowPaging:
         self.pool.release(seq.pages[held:])  # pages allocated ahead, unused
         self.kept.keep(seq.salt, seq.tokens[: seq.num_computed], seq.pages[:held], window.copy())
         seq.pages, window.anchors = [], []
+
+    def persist(self) -> int:
+        """Write the kept windows still in memory to L3 (shutdown: the engine thread has stopped);
+        how many were written."""
+        if self.store is None or self.store.offload.disk is None:
+            return 0
+        return sum(self.store.save(entry, disk_only=True) for entry in self.kept.entries())
 
     def chunk(self, seq: Sequence, chunk: int) -> int:
         """Prompt tokens `seq` computes this step, at most `chunk`: it slides so that the chunk's

@@ -166,7 +166,9 @@ def main() -> None:
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false (torch's path)")
     parser.add_argument("--only", choices=("quality", "speed"), help="one half of the benchmark")
-    parser.add_argument("--text", choices=tuple(TEXTS), default="pydantic_readme", help="the perplexity's text")
+    parser.add_argument(
+        "--text", choices=tuple(TEXTS), default="pydantic_readme", help="the perplexity's text"
+    )
     parser.add_argument(
         "--attention",
         nargs="+",
