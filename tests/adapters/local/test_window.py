@@ -341,3 +341,31 @@ def test_the_next_turn_reuses_the_kept_window(
         done += chunk
     assert done == 240
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_sinks_keys_do_not_drift_over_thousands_of_slides(
+    tiny_model: tuple[LocalEngineConfig, LoadedModel],
+) -> None:
+    """The head's keys are rotated from their anchors at every step, never in place: after 2,000
+    decode steps they are still their raw keys rotated at exactly their stored positions."""
+    _, loaded = tiny_model
+    rng = random.Random(8)
+    prompt = [rng.randrange(3, 262) for _ in range(70)]
+    engine = Harness(loaded, prompt, chunk=512)
+    raw = torch.randn(LAYERS, SPEC.sinks, KV_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    rope = Reference({}).rope
+    engine.step()  # the prompt: its keys are the model's; the sinks' are replaced by known ones
+    page = engine.seq.pages[0]
+    for i in range(SPEC.sinks):
+        engine.pool.k[:, page, i] = rope(raw[:, i], i)
+    for _ in range(2000):
+        engine.seq.tokens.append(3)
+        step = engine.scheduler.schedule()
+        for move in step.rotations:
+            loaded.model.shift_keys(engine.pool, move.slots, move.shift, move.sources)
+        engine.seq.num_computed += 1
+    window = engine.seq.window
+    assert window is not None and window.begin > 1900
+    live = engine.pool.k[:, engine.seq.pages[0], : SPEC.sinks]
+    exact = torch.stack([rope(raw[:, i], i + window.head_offset) for i in range(SPEC.sinks)], dim=1)
+    torch.testing.assert_close(live, exact, rtol=1e-6, atol=1e-6)
