@@ -1,29 +1,34 @@
 """Sliding-window attention with attention sinks (StreamingLLM, Xiao et al. 2023) over the paged pool.
 
 A windowed sequence keeps the K/V of its first `sinks` tokens (the attention sinks) and of its
-most recent tokens, at most `size` of them (the window); every token attends to those alone, so
-its memory and its attention cost stay bounded however long the conversation grows.
+most recent tokens; every token attends to the sinks and to exactly the `size` tokens up to itself
+(a prompt chunk's tokens: up to the chunk's last), so its memory and its attention cost stay
+bounded however long the conversation grows. Before anything is hidden it is exactly a dense one.
 
-Layout: `Sequence.pages` is the sink pages (the first `ceil(sinks / page_size)` pages of the
-sequence, of which the first `sinks` slots are attended) followed by the window's pages. The
-window slides one whole page at a time: the oldest window page is released to the pool (or to
-the radix cache, which may still hold it) as soon as the window plus the tokens about to be
-computed would exceed `size`. Before the first slide nothing is hidden, and a windowed sequence
-is exactly a dense one.
+Layout: `Sequence.pages` is the head's pages (the first `ceil(sinks / page_size)` pages, of which
+the first `sinks` slots are the head), the pinned pages (`Carry`), then the window's pages. The
+window is masked at token granularity: its oldest page may be partly hidden (a `PageRun` that
+skips its first slots; the head's last page is the window's first while its tail is in view), and
+it is released to the pool (or to the radix cache, which may still hold it) once wholly behind.
 
-Positions: RoPE positions are assigned within the kept cache, as StreamingLLM does: sink `i` at
-`i`, the window's tokens right after the sinks in order, so no position reaches `sinks + size`.
-The pool keeps keys rotated (both attention paths, torch's and the C kernels, read them so);
-when the window slides by `d` tokens every kept window key is rotated back by `d` in place
-(`LlamaModel.shift_keys`; RoPE is a rotation, so this equals rotating the raw key at its new
-position up to fp32 rounding). A page another holder shares (the radix cache, a sibling choice)
-is copied before it is rotated. A key is re-rotated at most `size / page_size` times while it
-stays in the window: the cost per generated token is one key's rotation per window page.
+Positions: each query must see each key at the distance it has in the kept cache, where positions
+are counted within it (the head, the pinned pages, then the window). RoPE is relative, so the pool
+keeps keys rotated and moves only two groups, never the query:
+- a window key is stored at its index minus `base`, which changes only when a page leaves: every
+  window key is then rotated back by a page in place (`LlamaModel.shift_keys`; a key is re-rotated
+  at most `size / page_size` times while it stays in the window);
+- a head (or pinned) key is stored at its place in the kept cache plus `head_offset`, which follows
+  the query at every step (`offset = first shown - its page's start - page_size`); these few keys
+  are rewritten each step from `anchors`, copies of them at their places, never rotated in place,
+  so fp32 rounding does not build up over a long conversation.
+`base` puts the oldest window page's start a page below the kept tokens' end, so the latest query
+stays below `kept + size` (a head key may sit at a small negative position: only distances count).
+A page another holder shares (the radix cache, a sibling choice) is copied before its keys move.
 
-Prefill of a long prompt runs blockwise: before each chunk the window slides so that the kept
-window plus the chunk fit in `size`, while keeping at least `carry` tokens before the chunk
-(`window_overlap`, bounded by half the window): every chunk sees the sinks, at least that much
-of the text before it, and itself causally. Memory is bounded by sinks + window + one page.
+Prefill of a long prompt runs blockwise: before each chunk the window slides so that the chunk's
+last token sees exactly `size` window tokens while the first keeps at least `carry` tokens before
+it (`window_overlap`, bounded by half the window). Memory is bounded by the head's pages and their
+anchors, the window and the partly hidden page before it.
 """
 
 from __future__ import annotations
