@@ -297,7 +297,8 @@ def test_the_system_prompt_and_the_latest_user_turn_are_never_cut(
         kept = policy.kept(index)
         got = engine.step()
         assert got is not None
-        torch.testing.assert_close(got, reference.step(tokens[index], kept), rtol=1e-5, atol=1e-4)
+        # Logits reach ~30 here: 2e-4 is fp32 rounding (torch's AVX2 kernels round a little apart).
+        torch.testing.assert_close(got, reference.step(tokens[index], kept), rtol=1e-5, atol=2e-4)
     assert policy.begin > carry.pin_end + SPEC.size  # the window left the turn far behind
     assert set(range(carry.head)) <= set(kept) and set(range(carry.pin_start, carry.pin_end)) <= set(kept)
     # Positions stay within the head, the pinned pages and the window.
