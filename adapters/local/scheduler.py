@@ -319,7 +319,6 @@ class Scheduler:
         self.running.remove(seq)
         self._cache_progress(seq)
         if seq.window is not None:  # its kept cache waits for it (or it recomputes from the start)
-            self.windows.forget(seq)
             self.windows.keep(seq)
         self._release(seq)
         seq.num_computed = 0

@@ -36,6 +36,9 @@ class KeptWindow:
     tokens: int
     pages: list[int]
     window: WindowState
+    settled: bool = True
+    """False while key moves queued this step are still to run on its pages (a sequence preempted
+    after its slide): it is not dropped, saved or released before they ran."""
 
 
 class WindowCache:
@@ -59,16 +62,18 @@ class WindowCache:
         """Pages held for reuse."""
         return sum(len(entry.pages) + len(entry.window.anchors) for entry in self._entries.values())
 
-    def keep(self, salt: str, tokens: list[int], pages: list[int], window: WindowState) -> None:
+    def keep(
+        self, salt: str, tokens: list[int], pages: list[int], window: WindowState, *, settled: bool = True
+    ) -> None:
         """Hold a finished sequence's kept cache (its page references move here)."""
         history = array("i", tokens).tobytes()
         for key, entry in list(self._entries.items()):
             if entry.salt == salt and entry.history == history:
                 self._drop(key)
         self._ids += 1
-        self._entries[self._ids] = KeptWindow(salt, history, len(tokens), pages, window)
-        while len(self._entries) > self.max_entries:
-            self._drop(next(iter(self._entries)), room=True)
+        self._entries[self._ids] = KeptWindow(salt, history, len(tokens), pages, window, settled)
+        while len(self._entries) > self.max_entries and self._droppable():
+            self._drop(self._droppable()[0], room=True)
 
     def take(self, salt: str, tokens: list[int], at_least: int) -> KeptWindow | None:
         """Remove and return the longest kept cache whose history `tokens` starts with and which
@@ -87,8 +92,17 @@ class WindowCache:
     def evict(self, pages: int) -> None:
         """Drop the oldest entries until at least `pages` pages went back to the pool (or none is left)."""
         freed = 0
-        while self._entries and freed < pages:
-            freed += self._drop(next(iter(self._entries)), room=True)
+        while freed < pages and self._droppable():
+            freed += self._drop(self._droppable()[0], room=True)
+
+    def settle(self) -> None:
+        """A step ran: every entry's key moves are done."""
+        for entry in self._entries.values():
+            entry.settled = True
+
+    def _droppable(self) -> list[int]:
+        """Keys of the entries that may leave, oldest first."""
+        return [key for key, entry in self._entries.items() if entry.settled]
 
     def clear(self) -> None:
         while self._entries:

@@ -42,14 +42,11 @@ class WindowPaging:
 
     def begin_step(self) -> None:
         self._moves = []
+        self.kept.settle()
 
     def rotations(self) -> list[KeyMove]:
         """This step's key moves for the runner, in order."""
         return [move for _, move in self._moves]
-
-    def forget(self, seq: Sequence) -> None:
-        """`seq` was preempted: its pages are gone, so are its key moves."""
-        self._moves = [m for m in self._moves if m[0] is not seq]
 
     def admitted(self, seq: Sequence, cached: int) -> None:
         """Count a windowed prompt's admission: reused when it started from `cached` > 0 tokens."""
@@ -85,7 +82,10 @@ class WindowPaging:
             return
         held = window.held_pages(seq.num_computed)
         self.pool.release(seq.pages[held:])  # pages allocated ahead, unused
-        self.kept.keep(seq.salt, seq.tokens[: seq.num_computed], seq.pages[:held], window.copy())
+        settled = all(queued is not seq for queued, _ in self._moves)  # else its moves run this step
+        self.kept.keep(
+            seq.salt, seq.tokens[: seq.num_computed], seq.pages[:held], window.copy(), settled=settled
+        )
         seq.pages, window.anchors = [], []
 
     def persist(self) -> int:
