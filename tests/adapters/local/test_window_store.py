@@ -50,7 +50,9 @@ def evicted(engine: LocalEngine) -> LocalEngine:
     return engine
 
 
-def test_a_kept_window_outlives_a_restart_on_l3(make_tiny: Callable[..., LocalEngine], tmp_path: Path) -> None:
+def test_a_kept_window_outlives_a_restart_on_l3(
+    make_tiny: Callable[..., LocalEngine], tmp_path: Path
+) -> None:
     expected = two_turns(make_tiny(**WINDOW, kv_offload=True))
     first = make_tiny(**WINDOW, kv_offload=True, kv_offload_dir=tmp_path)
 
