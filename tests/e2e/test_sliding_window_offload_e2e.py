@@ -57,7 +57,7 @@ def test_a_kept_window_survives_a_gateway_restart(tmp_path: Path) -> None:
         _, cache_stats = chat(restarted, follow_up, 8)
         reply = httpx.get(f"{restarted.url}/cache/stats", timeout=10).json()
         stats = reply["cache_manager"]["sliding_window"]
-        metrics = httpx.get(f"{restarted.url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{restarted.base_url}/metrics", timeout=10).text
     finally:
         restarted.stop()
     assert cache_stats["window_reuse"] == 1
