@@ -45,6 +45,7 @@ class LoadedEngine:
         if self.offload is None:
             return
         deadline = time.monotonic() + flush_s
+        self.core.scheduler.windows.persist()  # kept windows awaiting their next turn, to L3
         self.offload.finish_by(deadline)
         if self.offload.write_behind is not None:
             self.offload.write_behind.flush(deadline)

@@ -28,10 +28,12 @@ import torch.nn.functional as F
 
 @dataclass(slots=True, frozen=True)
 class PageRun:
-    """`tokens` context tokens stored from the start of page `first_page` on, in consecutive pages."""
+    """`tokens` context tokens stored from slot `skip` of page `first_page` on, in consecutive pages."""
 
     first_page: int
     tokens: int
+    skip: int = 0
+    """Slots of the first page before the run (a sliding window's oldest page, partly hidden)."""
 
 
 @dataclass(slots=True)
@@ -104,7 +106,7 @@ def run_segments(contexts: list[list[PageRun]], page_size: int) -> torch.Tensor:
     out: list[tuple[int, int, int]] = []
     for row, runs in enumerate(contexts):
         for run in runs:
-            first = run.first_page * page_size
+            first = run.first_page * page_size + run.skip
             for start in range(0, run.tokens, SEGMENT_TOKENS):
                 out.append((row, first + start, min(SEGMENT_TOKENS, run.tokens - start)))
     return torch.tensor(out, dtype=torch.int32)
@@ -130,7 +132,7 @@ def split_run_list(runs: list[PageRun], page_size: int) -> tuple[list[PageRun], 
     rest_tokens = 0
     for number, run in enumerate(runs):
         partial = run.tokens % page_size != 0 and number < len(runs) - 1
-        if run.tokens >= VIEW_MIN_TOKENS or partial:
+        if run.tokens >= VIEW_MIN_TOKENS or partial or run.skip:
             long.append(run)
         else:
             rest.extend(range(run.first_page, run.first_page + -(-run.tokens // page_size)))
@@ -199,7 +201,7 @@ def run_windows(k: torch.Tensor, v: torch.Tensor, run: PageRun, count: int) -> R
     token = kv_heads * dim  # elements per token slot
     size = (layers, count, kv_heads, window, dim)
     strides = (k.stride(0), stride * token, dim, token, 1)
-    offset = k.storage_offset() + run.first_page * page_size * token
+    offset = k.storage_offset() + (run.first_page * page_size + run.skip) * token
     mask = None
     if window > stride:
         mask = torch.zeros(count, 1, 1, window, dtype=k.dtype)
@@ -262,7 +264,7 @@ def context_slots(prefix: PrefixPlan | None, chunk_slots: torch.Tensor, page_siz
     parts = []
     if prefix is not None:
         for run in prefix.runs:
-            first = run.first_page * page_size
+            first = run.first_page * page_size + run.skip
             parts.append(torch.arange(first, first + run.tokens, dtype=torch.int64))
         if prefix.scattered is not None:
             offsets = torch.arange(page_size, dtype=torch.int64)
@@ -279,9 +281,10 @@ def _run_attention(
     r, heads, dim = q.shape
     page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
     groups = heads // kv_heads
-    pages = slice(run.first_page, run.first_page + -(-run.tokens // page_size))
-    keys = k_pages[pages].view(-1, kv_heads, dim)[: run.tokens].transpose(0, 1).unsqueeze(0)
-    values = v_pages[pages].view(-1, kv_heads, dim)[: run.tokens].transpose(0, 1).unsqueeze(0)
+    pages = slice(run.first_page, run.first_page + -(-(run.skip + run.tokens) // page_size))
+    slots = slice(run.skip, run.skip + run.tokens)
+    keys = k_pages[pages].view(-1, kv_heads, dim)[slots].transpose(0, 1).unsqueeze(0)
+    values = v_pages[pages].view(-1, kv_heads, dim)[slots].transpose(0, 1).unsqueeze(0)
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)

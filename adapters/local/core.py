@@ -93,6 +93,10 @@ class EngineStats:
     """The most pages those sequences may hold (sinks, full windows, one page each being filled)."""
     window_kept_pages: int = 0
     """Pages of finished windowed sequences' kept caches, held for reuse by their next turn."""
+    window_offloaded: int = 0
+    """Kept windows saved to the offload's L2/L3 tiers (leaving memory, or at shutdown), since start."""
+    window_loaded: int = 0
+    """Kept windows loaded back from those tiers by a later turn (window hits too), since start."""
 
     @property
     def pool_pages_used(self) -> int:
@@ -380,6 +384,8 @@ class EngineCore:
             window_misses=windows.misses,
             window_slid_pages=windows.slid_pages,
             window_kept_pages=windows.kept.pages,
+            window_offloaded=windows.store.saved if windows.store is not None else 0,
+            window_loaded=windows.store.loaded if windows.store is not None else 0,
             window_pages=window_pages,
             window_capacity_pages=window_capacity,
         )

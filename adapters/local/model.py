@@ -221,20 +221,24 @@ class LlamaModel:
             self._mlp(x, layer, norm, int8_rows, decode_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
 
-    def shift_keys(self, pool: KVPool, pages: list[int], shift: int) -> None:
-        """Move the keys stored in `pages` (every layer) `shift` positions back, in place: RoPE
-        rotates each pair of a head by position x frequency, so rotating a stored key by
-        `-shift` x frequency leaves it as if rotated at its position minus `shift` (`window`)."""
-        if not pages or shift == 0:
+    def shift_keys(
+        self, pool: KVPool, slots: list[int], shift: int, sources: list[int] | None = None
+    ) -> None:
+        """Move the keys stored in token `slots` (every layer) `shift` positions back, in place, or
+        write there those of `sources` moved so: RoPE rotates each pair of a head by position x
+        frequency, so rotating a stored key by `-shift` x frequency leaves it as if rotated at its
+        position minus `shift` (`window`)."""
+        if not slots or (shift == 0 and sources is None):
             return
         half = self._half
         angles = shift * self._inv_freq.double()
-        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-        index = torch.tensor(pages, dtype=torch.long)
-        keys = pool.k.index_select(1, index)
+        index = torch.tensor(slots, dtype=torch.long)
+        flat = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])
+        keys = flat.index_select(1, index if sources is None else torch.tensor(sources, dtype=torch.long))
+        cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
         low, high = keys[..., :half], keys[..., half:]
         rotated = torch.cat([low * cos + high * sin, high * cos - low * sin], dim=-1)
-        pool.k.index_copy_(1, index, rotated)
+        flat.index_copy_(1, index, rotated)
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's `cos` and `sin` `[rows, 1, head_dim]` for torch's path of a prefill step."""

@@ -117,8 +117,8 @@ def _windowed(
     """`prepare`'s limits for a windowed request: bounded pages instead of a bounded length."""
     pages = limits.window_pages
     carry = groups[0].carry
-    if carry is not None:  # the head and the pinned turn's pages (one more where it straddles)
-        pages += (
+    if carry is not None:  # the head and the pinned turn's pages (one more where it straddles), anchored
+        pages += 2 * (
             -(-carry.head // limits.page_size) + -(-(carry.pin_end - carry.pin_start) // limits.page_size) + 1
         )
     if params.n * pages * limits.page_size > limits.pool_tokens:

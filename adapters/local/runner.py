@@ -55,8 +55,8 @@ class ModelRunner:
     def run(self, step: ScheduledStep) -> StepOutput:
         """Compute the step's tokens, write their K/V, advance `num_computed` (drafts not counted:
         their K/V counts once accepted), return logits."""
-        for pages, shift in step.rotations:
-            self.model.shift_keys(self.pool, pages, shift)  # a window slid: its keys move back
+        for move in step.rotations:  # a window slid: its keys move
+            self.model.shift_keys(self.pool, move.slots, move.shift, move.sources)
         batch, sampled, first_rows = self._build(step)
         logits = self.model.forward(batch, self.pool)
         for seq in step.decodes:

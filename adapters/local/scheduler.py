@@ -34,7 +34,7 @@ from adapters.errors import EngineError
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence, Status
-from adapters.local.window import Carry, WindowState
+from adapters.local.window import Carry, KeyMove, WindowState
 from adapters.local.window_paging import WindowPaging
 
 _WAIT_FOR_TOKENS = 64
@@ -48,8 +48,8 @@ class ScheduledStep:
 
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)
-    rotations: list[tuple[list[int], int]] = field(default_factory=list)
-    """(pages, shift): keys to move `shift` positions back before the step runs (windows that slid)."""
+    rotations: list[KeyMove] = field(default_factory=list)
+    """Keys to move before the step runs, in order (windows that slid)."""
 
 
 class Scheduler:
@@ -128,6 +128,8 @@ class Scheduler:
             self.pool.retain(shared)
             child.pages = list(shared)
             child.window = leader.window.copy() if leader.window is not None else None
+            if child.window is not None:
+                self.pool.retain(child.window.anchors)
             if full < held:
                 copy = reserved.pop()
                 self.pool.copy_page(leader.pages[full], copy)
@@ -265,7 +267,7 @@ class Scheduler:
     def _ensure_slot(self, seq: Sequence) -> bool:
         """Make sure `seq` has a page for its next token (its window slid first, when it has one);
         False if `seq` itself had to be preempted."""
-        while not (seq.window is None or self.windows.slide(seq, 1, keep=0)):
+        while not (seq.window is None or self.windows.slide(seq, seq.num_computed)):
             if self._preempt_latest(seq):
                 return False
         while len(seq.pages) < self._held_pages(seq, seq.num_computed + 1):
@@ -317,7 +319,6 @@ class Scheduler:
         self.running.remove(seq)
         self._cache_progress(seq)
         if seq.window is not None:  # its kept cache waits for it (or it recomputes from the start)
-            self.windows.forget(seq)
             self.windows.keep(seq)
         self._release(seq)
         seq.num_computed = 0
@@ -343,6 +344,9 @@ class Scheduler:
             seq.lock = None
         self.pool.release(seq.pages)
         seq.pages = []
+        if seq.window is not None:
+            self.pool.release(seq.window.anchors)
+            seq.window.anchors = []
         self.pool.release(self._reserved.pop(seq.seq_id, []))
 
 

@@ -7,14 +7,16 @@ kept cache here when it finishes, keyed by its salt and its full token history, 
 windowed prompt that starts with that history takes it over (a window hit) and computes only
 what follows. An entry is taken, not shared, so no page is ever rotated under another holder.
 
-Entries are dropped oldest first beyond `max_entries`, when the pool needs their pages, and on
-a cache flush.
+Entries are dropped oldest first beyond `max_entries` and when the pool needs their pages (both
+hand the entry to `on_drop` first: `window_store` saves it to the offload tiers), and on a cache
+flush.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from adapters.local.kv_pool import KVPool
@@ -34,32 +36,44 @@ class KeptWindow:
     tokens: int
     pages: list[int]
     window: WindowState
+    settled: bool = True
+    """False while key moves queued this step are still to run on its pages (a sequence preempted
+    after its slide): it is not dropped, saved or released before they ran."""
 
 
 class WindowCache:
     """Kept caches by (salt, token history), least recently stored dropped first. Engine thread only."""
 
-    def __init__(self, pool: KVPool, max_entries: int = DEFAULT_WINDOW_CACHE_ENTRIES) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        max_entries: int = DEFAULT_WINDOW_CACHE_ENTRIES,
+        on_drop: Callable[[KeptWindow], object] | None = None,
+    ) -> None:
         self.pool = pool
         self.max_entries = max_entries
+        self.on_drop = on_drop
+        """Called with an entry leaving for room (its pages still hold its K/V), not on a flush."""
         self._entries: OrderedDict[int, KeptWindow] = OrderedDict()
         self._ids = 0
 
     @property
     def pages(self) -> int:
         """Pages held for reuse."""
-        return sum(len(entry.pages) for entry in self._entries.values())
+        return sum(len(entry.pages) + len(entry.window.anchors) for entry in self._entries.values())
 
-    def keep(self, salt: str, tokens: list[int], pages: list[int], window: WindowState) -> None:
+    def keep(
+        self, salt: str, tokens: list[int], pages: list[int], window: WindowState, *, settled: bool = True
+    ) -> None:
         """Hold a finished sequence's kept cache (its page references move here)."""
         history = array("i", tokens).tobytes()
         for key, entry in list(self._entries.items()):
             if entry.salt == salt and entry.history == history:
                 self._drop(key)
         self._ids += 1
-        self._entries[self._ids] = KeptWindow(salt, history, len(tokens), pages, window)
-        while len(self._entries) > self.max_entries:
-            self._drop(next(iter(self._entries)))
+        self._entries[self._ids] = KeptWindow(salt, history, len(tokens), pages, window, settled)
+        while len(self._entries) > self.max_entries and self._droppable():
+            self._drop(self._droppable()[0], room=True)
 
     def take(self, salt: str, tokens: list[int], at_least: int) -> KeptWindow | None:
         """Remove and return the longest kept cache whose history `tokens` starts with and which
@@ -78,14 +92,29 @@ class WindowCache:
     def evict(self, pages: int) -> None:
         """Drop the oldest entries until at least `pages` pages went back to the pool (or none is left)."""
         freed = 0
-        while self._entries and freed < pages:
-            freed += self._drop(next(iter(self._entries)))
+        while freed < pages and self._droppable():
+            freed += self._drop(self._droppable()[0], room=True)
+
+    def settle(self) -> None:
+        """A step ran: every entry's key moves are done."""
+        for entry in self._entries.values():
+            entry.settled = True
+
+    def _droppable(self) -> list[int]:
+        """Keys of the entries that may leave, oldest first."""
+        return [key for key, entry in self._entries.items() if entry.settled]
 
     def clear(self) -> None:
         while self._entries:
             self._drop(next(iter(self._entries)))
 
-    def _drop(self, key: int) -> int:
+    def entries(self) -> Iterator[KeptWindow]:
+        """The entries held, oldest first."""
+        return iter(list(self._entries.values()))
+
+    def _drop(self, key: int, *, room: bool = False) -> int:
         entry = self._entries.pop(key)
-        self.pool.release(entry.pages)
-        return len(entry.pages)
+        if room and self.on_drop is not None:
+            self.on_drop(entry)
+        self.pool.release(entry.pages + entry.window.anchors)
+        return len(entry.pages) + len(entry.window.anchors)

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from adapters.local.kv_pool import KVPool
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.sequence import Sequence
-from adapters.local.window import WindowState
+from adapters.local.window import KeyMove, Rotation, WindowState
 from adapters.local.window_cache import WindowCache
+from adapters.local.window_store import WindowStore
 
 Alloc = Callable[[int], list[int] | None]
 """The scheduler's allocator: fresh pages (evicting cached ones first), or None."""
@@ -28,25 +29,24 @@ class WindowPaging:
         self.pool = pool
         self.cache = cache
         self.alloc = alloc
-        self.kept = WindowCache(pool)
+        self.store = WindowStore(cache.offload) if cache.offload is not None else None
+        """Kept windows that leave memory go to the offload's L2/L3 tiers, and come back from them."""
+        self.kept = WindowCache(pool, on_drop=self.store.save if self.store is not None else None)
         self.slid_pages = 0
         """Pages that slid out of windows and went back to the pool, since start."""
         self.hits = 0
         """Windowed prompts whose kept cache started from cached pages, since start."""
         self.misses = 0
         """Windowed prompts that computed their kept cache from the first token, since start."""
-        self._rotations: list[tuple[Sequence, list[int], int]] = []
+        self._moves: list[tuple[Sequence, KeyMove]] = []
 
     def begin_step(self) -> None:
-        self._rotations = []
+        self._moves = []
+        self.kept.settle()
 
-    def rotations(self) -> list[tuple[list[int], int]]:
-        """This step's (pages, shift) for the runner."""
-        return [(pages, shift) for _, pages, shift in self._rotations]
-
-    def forget(self, seq: Sequence) -> None:
-        """`seq` was preempted: its pages are gone, so are its rotations."""
-        self._rotations = [r for r in self._rotations if r[0] is not seq]
+    def rotations(self) -> list[KeyMove]:
+        """This step's key moves for the runner, in order."""
+        return [move for _, move in self._moves]
 
     def admitted(self, seq: Sequence, cached: int) -> None:
         """Count a windowed prompt's admission: reused when it started from `cached` > 0 tokens."""
@@ -62,6 +62,8 @@ class WindowPaging:
         if seq.forks:  # siblings fork from a prompt computed here; keep it simple: they recompute
             return False
         kept = self.kept.take(seq.salt, seq.tokens[:-1], at_least)
+        if kept is None and self.store is not None and len(seq.tokens) > window.sinks + window.spec.size:
+            kept = self.store.load(seq.salt, seq.tokens[:-1], at_least, window.spec, self.alloc)
         if kept is None:
             return False
         state = kept.window
@@ -80,18 +82,28 @@ class WindowPaging:
             return
         held = window.held_pages(seq.num_computed)
         self.pool.release(seq.pages[held:])  # pages allocated ahead, unused
-        self.kept.keep(seq.salt, seq.tokens[: seq.num_computed], seq.pages[:held], window.copy())
-        seq.pages = []
+        settled = all(queued is not seq for queued, _ in self._moves)  # else its moves run this step
+        self.kept.keep(
+            seq.salt, seq.tokens[: seq.num_computed], seq.pages[:held], window.copy(), settled=settled
+        )
+        seq.pages, window.anchors = [], []
+
+    def persist(self) -> int:
+        """Write the kept windows still in memory to L3 (shutdown: the engine thread has stopped);
+        how many were written."""
+        if self.store is None or self.store.offload.disk is None:
+            return 0
+        return sum(self.store.save(entry, disk_only=True) for entry in self.kept.entries())
 
     def chunk(self, seq: Sequence, chunk: int) -> int:
-        """Prompt tokens `seq` computes this step, at most `chunk`: it slides so that its window and
-        the chunk fit (carrying `carry` tokens over) and gets the chunk's pages; 0 when the pool
-        cannot give them now."""
+        """Prompt tokens `seq` computes this step, at most `chunk`: it slides so that the chunk's
+        last token sees the head and `size` window tokens, the first at least `carry` before it,
+        and gets the chunk's pages; 0 when the pool cannot give them now."""
         window = seq.window
         assert window is not None
-        if not self.slide(seq, chunk, keep=window.spec.carry):
+        chunk = min(chunk, window.room(seq.num_computed, keep=window.spec.carry))
+        if not self.slide(seq, seq.num_computed + chunk - 1):
             return 0
-        chunk = min(chunk, window.room(seq.num_computed))
         need = window.held_pages(seq.num_computed + chunk) - len(seq.pages)
         if need > 0:
             fresh = self.alloc(need)
@@ -100,26 +112,52 @@ class WindowPaging:
             seq.pages.extend(fresh)
         return chunk
 
-    def slide(self, seq: Sequence, incoming: int, keep: int) -> bool:
-        """Slide `seq`'s window so `incoming` more tokens fit: release the pages that fall out,
-        copy the shared ones whose keys move, queue the rotations. False, with nothing changed,
-        when the pool has no pages for the copies."""
+    def slide(self, seq: Sequence, last: int) -> bool:
+        """Slide `seq`'s window so token `last` attends to the head and the `size` tokens up to it:
+        release the pages that fall out, copy the shared ones whose keys move, queue the key
+        moves. False, with nothing changed, when the pool has no pages for the copies."""
         window = seq.window
         assert window is not None
-        count = window.pages_to_slide(seq.num_computed, incoming, keep)
-        if count == 0:
+        plan = window.plan_slide(last, seq.num_computed)
+        if plan is None:
             return True
-        plan = window.plan_slide(count, seq.num_computed)
-        moves = self._own(seq, plan.rotations)
-        if moves is None:
+        first_hide = not window.anchors  # the head's keys as they are become its anchors
+        refreshed = {index for index, _ in window.refresh()}
+        writes = {r.index for r in plan.rotations} | {i for i, _ in plan.frozen}
+        if not first_hide:
+            writes |= refreshed
+        extra = (window.head_pages if first_hide else 0) + len(plan.frozen)
+        fresh = self._own(seq, sorted(writes - (refreshed if first_hide else set())), extra)
+        if fresh is None:
             return False
+        ps, pages = self.pool.page_size, seq.pages
+        if first_hide:
+            for index in range(window.head_pages):
+                live = fresh.pop()
+                self.pool.copy_page(pages[index], live)
+                window.anchors.append(pages[index])  # its reference moves from the table
+                pages[index] = live
+        for index, shift in plan.frozen:
+            anchor = fresh.pop()
+            window.anchors.append(anchor)
+            self._queue(seq, KeyMove(_slots(anchor, 0, ps, ps), shift, _slots(pages[index], 0, ps, ps)))
+        moves = _group(pages, plan.rotations, ps)
         if seq.lock is not None:  # the cached prefix is no longer this sequence's context
             self.cache.unlock(seq.lock)
             seq.lock = None
-        released = window.commit(seq.pages, plan)
+        old_offset = window.head_offset
+        released = window.commit(pages, plan)
         self.pool.release(released)
         self.slid_pages += len(released)
-        self._rotations += [(seq, pages, shift) for shift, pages in moves.items()]
+        for move in moves:
+            self._queue(seq, move)
+        if first_hide or plan.frozen or window.head_offset != old_offset:
+            slots: list[int] = []
+            sources: list[int] = []
+            for index, count in window.refresh():
+                slots += _slots(pages[index], 0, count, ps)
+                sources += _slots(window.anchors[index], 0, count, ps)
+            self._queue(seq, KeyMove(slots, -window.head_offset, sources))
         return True
 
     def footprint(self, running: list[Sequence]) -> tuple[int, int]:
@@ -127,7 +165,7 @@ class WindowPaging:
         held = capacity = 0
         for seq in running:
             if seq.window is not None:
-                held += len(seq.pages)
+                held += len(seq.pages) + len(seq.window.anchors)
                 capacity += seq.window.spec.max_pages(self.pool.page_size)
         return held, capacity
 
@@ -135,30 +173,41 @@ class WindowPaging:
         """Release the pinned pages of a resumed kept cache; the window's keys move back over them."""
         if state.pinned == 0:
             return
-        first = state.head_pages
-        shift = state.pinned * self.pool.page_size
-        rotations = [(i, shift) for i in range(first + state.pinned, state.held_pages(seq.num_computed))]
-        moves = self._own(seq, rotations)
-        if moves is None:  # no pages for the copies: keep the old turn pinned
+        table = seq.pages
+        seq.pages = table[: state.head_pages] + table[state.head_pages + state.pinned :]
+        rotations = state.unpin_rotations(seq.num_computed)
+        if self._own(seq, sorted({r.index for r in rotations}), 0) is None:
+            seq.pages = table  # no pages for the copies: keep the old turn pinned
             return
-        released = seq.pages[first : first + state.pinned]
-        del seq.pages[first : first + state.pinned]
-        self.pool.release(released)
-        state.pinned = 0
-        self._rotations += [(seq, pages, s) for s, pages in moves.items()]
+        self.pool.release(state.unpin(table))
+        for move in _group(seq.pages, rotations, self.pool.page_size):
+            self._queue(seq, move)
 
-    def _own(self, seq: Sequence, rotations: list[tuple[int, int]]) -> dict[int, list[int]] | None:
-        """Copy the shared pages among `rotations` (page-table index, shift) so `seq` alone holds
-        them; the pages to rotate by shift, or None (nothing changed) when the pool has too few."""
-        shared = [i for i, _ in rotations if self.pool.refcount(seq.pages[i]) > 1]
-        copies = self.alloc(len(shared)) if shared else []
-        if copies is None:
+    def _queue(self, seq: Sequence, move: KeyMove) -> None:
+        self._moves.append((seq, move))
+
+    def _own(self, seq: Sequence, indices: list[int], extra: int) -> list[int] | None:
+        """Copy the shared pages among table entries `indices` so `seq` alone holds them, and
+        allocate `extra` pages more (returned); None, with nothing changed, when the pool has too few."""
+        shared = [i for i in indices if self.pool.refcount(seq.pages[i]) > 1]
+        fresh = self.alloc(len(shared) + extra) if shared or extra else []
+        if fresh is None:
             return None
-        for i, copy in zip(shared, copies, strict=True):
+        for i in shared:
+            copy = fresh.pop()
             self.pool.copy_page(seq.pages[i], copy)
             self.pool.release([seq.pages[i]])
             seq.pages[i] = copy
-        moves: dict[int, list[int]] = {}
-        for i, shift in rotations:
-            moves.setdefault(shift, []).append(seq.pages[i])
-        return moves
+        return fresh
+
+
+def _slots(page: int, first: int, end: int, page_size: int) -> list[int]:
+    return list(range(page * page_size + first, page * page_size + end))
+
+
+def _group(pages: list[int], rotations: list[Rotation], page_size: int) -> list[KeyMove]:
+    """In-place rotations as one key move per shift (page ids read from the table as it is)."""
+    by_shift: dict[int, list[int]] = {}
+    for r in rotations:
+        by_shift.setdefault(r.shift, []).extend(_slots(pages[r.index], r.first, r.end, page_size))
+    return [KeyMove(slots, shift) for shift, slots in by_shift.items()]

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import math
 import platform
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -79,10 +82,29 @@ class Stream:
                 return out.logits[0]
 
 
-def text_tokens(loaded: LoadedModel, count: int) -> list[int]:
-    """The first `count` tokens of the pydantic wheel's README (its METADATA), a fixed long text."""
-    metadata = importlib.metadata.distribution("pydantic").read_text("METADATA") or ""
-    tokens = loaded.tokenizer.encode(metadata)
+def _pydantic_readme() -> str:
+    return importlib.metadata.distribution("pydantic").read_text("METADATA") or ""
+
+
+def _stdlib_source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
+TEXTS: dict[str, Callable[[], str]] = {
+    "pydantic_readme": _pydantic_readme,
+    "python_docs": lambda: _stdlib_source("pydoc_data.topics"),
+    "argparse_source": lambda: _stdlib_source("argparse"),
+}
+"""Long deterministic texts (chosen before any was measured): the pydantic 2.14.4 wheel's README
+(its METADATA: prose and code examples), the Python 3.11 standard library's reference-manual topics
+(`pydoc_data/topics.py`: prose) and its `argparse.py` (code)."""
+
+
+def text_tokens(loaded: LoadedModel, count: int, name: str = "pydantic_readme") -> list[int]:
+    """The first `count` tokens of the text `name` (`TEXTS`)."""
+    tokens = loaded.tokenizer.encode(TEXTS[name]())
     if len(tokens) < count:
         raise SystemExit(f"the text has {len(tokens)} tokens, fewer than {count}")
     return tokens[:count]
@@ -145,6 +167,9 @@ def main() -> None:
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false (torch's path)")
     parser.add_argument("--only", choices=("quality", "speed"), help="one half of the benchmark")
     parser.add_argument(
+        "--text", choices=tuple(TEXTS), default="pydantic_readme", help="the perplexity's text"
+    )
+    parser.add_argument(
         "--attention",
         nargs="+",
         choices=tuple(ATTENTION),
@@ -155,17 +180,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
     loaded = load_model(config)
-    text = text_tokens(loaded, 32768)
     figures: dict[str, object] = {
         "host": platform.processor() or platform.machine(),
         "threads": args.threads,
         "c_kernels": loaded.model.attends_in_kernel,
-        "text_tokens": len(text),
     }
     if args.only != "speed":
+        text = text_tokens(loaded, max(16384, args.ppl_tokens), args.text)
+        figures["text"] = args.text
         figures["perplexity"] = quality(loaded, text[: args.ppl_tokens], args.attention)
     if args.only != "quality":
-        figures.update(speed(loaded, text))
+        figures.update(speed(loaded, text_tokens(loaded, 32768)))
     print(json.dumps(figures, indent=2))
 
 

@@ -100,6 +100,10 @@ class SlidingWindowStats(msgspec.Struct, kw_only=True):
     memory_bytes: int = 0
     evictions: int = 0
     utilization: float = 0.0
+    offloaded: int = 0
+    """Kept windows saved to the engines' L2/L3 offload tiers (leaving the pool, or at shutdown)."""
+    offload_hits: int = 0
+    """Window hits whose kept window was loaded back from those tiers (counted in `hits` too)."""
     configured: SlidingWindowConfig
 
 
@@ -278,5 +282,7 @@ def _sliding_window(router: WorkerPool, configured: SlidingWindowConfig) -> Slid
         memory_bytes=totals.memory_bytes,
         evictions=totals.evictions,
         utilization=percent(totals.utilization),
+        offloaded=totals.offloaded,
+        offload_hits=totals.offload_hits,
         configured=configured,
     )

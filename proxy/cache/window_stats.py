@@ -5,7 +5,8 @@ Summed over the workers whose engine reports window figures (`adapters.local.Eng
 (an earlier turn's kept window, or the radix cache's prefix), `misses` = those that computed it
 from their first token, `evictions` = pages that slid out of windows and went back to the pool,
 `memory_bytes` = KV bytes of the running windows and of the kept windows awaiting their next
-turn, `utilization` = the running windows' pages against the most they may hold (percent). An upstream engine
+turn, `utilization` = the running windows' pages against the most they may hold (percent),
+`offloaded` / `offload_hits` = kept windows saved to the offload tiers / loaded back. An upstream engine
 reports none: its figures are not the gateway's to know.
 """
 
@@ -26,6 +27,8 @@ class WindowFigures(Protocol):
     window_pages: int
     window_capacity_pages: int
     window_kept_pages: int
+    window_offloaded: int
+    window_loaded: int
     page_size: int
     kv_bytes_per_token: int
 
@@ -33,11 +36,20 @@ class WindowFigures(Protocol):
 class WindowTotals:
     """The window figures of every embedded engine, summed."""
 
-    __slots__ = ("capacity_bytes", "evictions", "hits", "memory_bytes", "misses", "running_bytes")
+    __slots__ = (
+        "capacity_bytes",
+        "evictions",
+        "hits",
+        "memory_bytes",
+        "misses",
+        "offload_hits",
+        "offloaded",
+        "running_bytes",
+    )
 
     def __init__(self) -> None:
         self.hits = self.misses = self.evictions = self.memory_bytes = self.capacity_bytes = 0
-        self.running_bytes = 0
+        self.running_bytes = self.offloaded = self.offload_hits = 0
 
     @property
     def utilization(self) -> float:
@@ -57,6 +69,8 @@ def window_totals(router: WorkerPool) -> WindowTotals:
         totals.hits += figures.window_hits
         totals.misses += figures.window_misses
         totals.evictions += figures.window_slid_pages
+        totals.offloaded += figures.window_offloaded
+        totals.offload_hits += figures.window_loaded
         totals.memory_bytes += (figures.window_pages + figures.window_kept_pages) * page_bytes
         totals.running_bytes += figures.window_pages * page_bytes
         totals.capacity_bytes += figures.window_capacity_pages * page_bytes

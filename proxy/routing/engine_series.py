@@ -20,6 +20,8 @@ export the same from their `/metrics`):
     radixgate_engine_window_hits_total{worker}          windowed prompts whose kept cache was reused
     radixgate_engine_window_misses_total{worker}        windowed prompts that computed it from scratch
     radixgate_engine_window_evicted_pages_total{worker}  pages slid out of windows, back to the pool
+    radixgate_engine_window_offloaded_total{worker}     kept windows saved to the L2/L3 offload tiers
+    radixgate_engine_window_offload_hits_total{worker}  kept windows loaded back from them
 
 Engines that report no such figures (remote workers, whose own `/metrics` has them) add nothing.
 """
@@ -57,6 +59,8 @@ class EngineFigures(Protocol):
     window_pages: int
     window_capacity_pages: int
     window_kept_pages: int
+    window_offloaded: int
+    window_loaded: int
 
 
 class SourceCounts(Protocol):
@@ -143,6 +147,16 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineFigures], float]], ...] = (
         "engine_window_evicted_pages",
         "KV pages that slid out of sliding windows, back to the pool.",
         lambda f: f.window_slid_pages,
+    ),
+    (
+        "engine_window_offloaded",
+        "Kept windows saved to the L2/L3 offload tiers.",
+        lambda f: f.window_offloaded,
+    ),
+    (
+        "engine_window_offload_hits",
+        "Kept windows loaded back from the offload tiers.",
+        lambda f: f.window_loaded,
     ),
 )
 _HISTOGRAMS: tuple[tuple[str, str, Callable[[EngineFigures], LatencyFigures]], ...] = (
