@@ -31,9 +31,12 @@ DEFAULT_DTYPE: DType = "float32"
 # Paris still the answer (`benchmarks/results/engine_quantized.md`).
 DEFAULT_DECODE_WEIGHTS: DecodeWeights = "packed"
 DEFAULT_KV_DTYPE: KVDType = "auto"
+# A 2.2k-token decode step reads ~100 MB of fp32 K/V, more than the 85 MB of packed weights. With
+# torch's AVX2 code one such step ran 31-34 % faster on a half pool (float16 and bfloat16 alike),
+# and decode came to 0.91x llama.cpp's AVX2 build (`benchmarks/results/engine_quantized.md`).
 HALF_KV_DTYPE: KVDType = "float16"
-"""What "auto" stores where torch's attention reads packed-weight decode steps: half the bytes of
-fp32, and attention is what a long-context step reads most (`benchmarks/results/engine_quantized.md`)."""
+"""What "auto" stores where torch's attention serves packed decode weights: float16 (llama.cpp's
+default too) keeps 10 mantissa bits to bfloat16's 7 at the same speed."""
 DEFAULT_PAGE_SIZE = 16
 # A decode step's cost is mostly reading the weights once, so rows are cheap up to a point. Few-shot
 # workload (8-prompt groups on 1,024-token shared prefixes, radix cache on), dev box, under load:

@@ -92,6 +92,17 @@ def _fbgemm_product(dense: torch.Tensor) -> Product:
     return partial(_fbgemm_dynamic, packed=torch.ops.quantized.linear_prepack(weight, None))
 
 
+def _fbgemm_fp16(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    return out
+
+
+def _fbgemm_fp16_product(dense: torch.Tensor) -> Product:
+    """fbgemm's fp16-weight linear (`quantized.linear_dynamic_fp16`): weights stored as fp16,
+    fp32 activations as they are (nothing quantized per call, so a row's result is its own)."""
+    return partial(_fbgemm_fp16, packed=torch.ops.quantized.linear_prepack_fp16(dense, None))
+
+
 def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return x @ weight_t
 
@@ -131,6 +142,7 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
     out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
     out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
     out[f"int8 dynamic, {torch.backends.quantized.engine}"] = [_fbgemm_product(w) for w in dense]
+    out["fp16 weights, fbgemm"] = [_fbgemm_fp16_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []
@@ -158,6 +170,7 @@ def heads(kernels_dir: Path | None) -> dict[str, Product]:
         "fp32 (MKL)": partial(_mkl, weight_t=dense.t().contiguous()),
         "int8pack, bf16 x": _int8_product(dense),
         f"int8 dynamic, {torch.backends.quantized.engine}": _fbgemm_product(dense),
+        "fp16 weights, fbgemm": _fbgemm_fp16_product(dense),
     }
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
