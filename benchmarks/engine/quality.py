@@ -49,7 +49,9 @@ def perplexity(loaded: LoadedModel, ids: list[int], kv_dtype: torch.dtype) -> fl
     job = GenerationJob(job_id=0, groups=[], params=params, salt="", sink=lambda events: None)
     seq = Sequence(job, ids, 0, sampler, TextStream(loaded.tokenizer, ()))
     seq.prompt_len = 1
-    seq.pages = list(range(pool.num_pages))
+    pages = pool.alloc(pool.num_pages)  # zeroed: attention reads a partial last page's empty slots
+    assert pages is not None
+    seq.pages = pages
     runner.run(ScheduledStep(prefills=[(seq, 1)]))
     nll = 0.0
     while seq.num_computed < len(ids) - 1:
