@@ -13,7 +13,7 @@ from adapters.local.config import LocalEngineConfig
 from adapters.local.core import EngineCore
 from adapters.local.drafts import Drafter
 from adapters.local.grammar import GrammarCompiler
-from adapters.local.kv_pool import KVPool
+from adapters.local.kv_pool import KVPool, dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel
 from adapters.local.offload import KVOffload
 from adapters.local.prefix_cache import PrefixCache
@@ -67,11 +67,11 @@ def assemble(cfg: LocalEngineConfig, loaded: LoadedModel) -> LoadedEngine:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     num_pages = cfg.kv_budget_tokens // cfg.page_size
-    pool = KVPool(spec, num_pages, cfg.page_size, model.dtype)
+    pool = KVPool(spec, num_pages, cfg.page_size, kv_dtype(cfg.kv_dtype, model.dtype, model.serves_packed))
     offload = (
         KVOffload(
             pool,
-            model_id=f"{cfg.model_id}/{cfg.dtype}",  # KV of another dtype is another cache
+            model_id=f"{cfg.model_id}/{dtype_name(pool.k.dtype)}",  # KV of another dtype is another cache
             tokenizer_hash=loaded.sha256,  # the GGUF holds the tokenizer and template too
             memory_bytes=cfg.kv_offload_memory_bytes,
             directory=cfg.kv_offload_dir.expanduser() if cfg.kv_offload_dir is not None else None,

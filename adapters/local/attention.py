@@ -362,6 +362,10 @@ def _flash_with_lse(
     causal: bool,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash attention in the keys' dtype (a half pool's: the kernel takes one dtype and accumulates
+    in fp32), its output back in the query's."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = flash(query, keys, values, 0.0, causal, attn_mask=mask)[:2]
-    return out, lse
+    kv = keys.dtype
+    mask = mask.to(kv) if mask is not None else None
+    out, lse = flash(query.to(kv), keys, values, 0.0, causal, attn_mask=mask)[:2]
+    return out.to(query.dtype), lse

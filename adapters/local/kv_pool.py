@@ -23,7 +23,27 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from adapters.local.config import HALF_KV_DTYPE, KVDType
 from adapters.local.gguf_convert import ModelSpec
+
+KV_DTYPES: dict[KVDType, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def kv_dtype(choice: KVDType, weights: torch.dtype, torch_attends_packed: bool) -> torch.dtype:
+    """The pool's dtype for `LocalEngineConfig.kv_dtype`: "auto" is `HALF_KV_DTYPE` where torch's
+    attention serves packed decode weights (`torch_attends_packed`), else the weights' dtype."""
+    if choice != "auto":
+        return KV_DTYPES[choice]
+    return KV_DTYPES[HALF_KV_DTYPE] if torch_attends_packed else weights
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`float16` for `torch.float16`: how configs and cache keys spell a dtype."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(slots=True, frozen=True)

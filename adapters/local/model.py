@@ -122,8 +122,11 @@ class LlamaModel:
         self.dtype = dtype
         self._kernels = kernel if dtype == torch.float32 else None
         self.attends_in_kernel = self._kernels is not None and spec.head_dim == KERNEL_HEAD_DIM
-        """Decode rows and prompt chunks attend in the C kernels: the runner plans decode rows as
-        `DecodePlan.segments`; a chunk's context is its prefix plan and its own slots."""
+        """Decode rows and prompt chunks attend in the C kernels over a float32 pool (`kernel_attends`):
+        the runner plans decode rows as `DecodePlan.segments`; a chunk's context is its prefix plan
+        and its own slots."""
+        self.serves_packed = self._kernels is None and decode_weights == "packed"
+        """Decode rows multiply packed weights in torch's kernels (`stock_linear`), and torch attends."""
 
         # int8 prefill leaves the checkpoint's fp32 copies unread: keep copies, not views of its file.
         copy = prefill_activations == "int8" and self._kernels is not None and self._kernels.vnni
@@ -172,6 +175,10 @@ class LlamaModel:
         # roll(x, half) as a matrix: x @ _roll[i] == roll(x, half)[i]; decode builds RoPE from it.
         self._roll = torch.eye(spec.head_dim, dtype=dtype).roll(half, dims=1)
 
+    def kernel_attends(self, pool: KVPool) -> bool:
+        """Whether the C kernels attend over `pool` (they read float32 pages only)."""
+        return self.attends_in_kernel and pool.k.dtype == torch.float32
+
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run one step, write the new tokens' K/V into the pool, return fp32 logits `[rows, vocab]`."""
         spec = self.spec
@@ -183,7 +190,9 @@ class LlamaModel:
         last = len(self.layers) - 1
         norm = self._norm(_fused_rms_norm)
         contexts = None
-        if self.attends_in_kernel and spec.num_heads // spec.num_kv_heads <= KERNEL_MAX_GROUP:  # once a step
+        if (
+            self.kernel_attends(pool) and spec.num_heads // spec.num_kv_heads <= KERNEL_MAX_GROUP
+        ):  # once a step
             contexts = [
                 context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
                 for seg in batch.prefills
@@ -210,8 +219,8 @@ class LlamaModel:
                 qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
                 q, k = qk[:, :n_q], qk[:, n_q:]
                 v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
-                k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k)
-                v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v)
+                k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k.to(k_pages.dtype))
+                v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v.to(v_pages.dtype))
             attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
@@ -235,10 +244,10 @@ class LlamaModel:
         index = torch.tensor(slots, dtype=torch.long)
         flat = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])
         keys = flat.index_select(1, index if sources is None else torch.tensor(sources, dtype=torch.long))
-        cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
+        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
         low, high = keys[..., :half], keys[..., half:]
         rotated = torch.cat([low * cos + high * sin, high * cos - low * sin], dim=-1)
-        flat.index_copy_(1, index, rotated)
+        flat.index_copy_(1, index, rotated.to(flat.dtype))  # rotated in fp32 from a half pool
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's `cos` and `sin` `[rows, 1, head_dim]` for torch's path of a prefill step."""
@@ -279,8 +288,8 @@ class LlamaModel:
         for index, layer in enumerate(self.layers):
             qkv = layer.wqkv.mm(norm(x, layer.attn_norm, eps), decode_rows=rows)
             qk = torch.bmm(qkv[:, :qk_width].view(rows, n_q + n_kv, hd), rope)
-            k_slots[index].index_copy_(0, batch.slots, qk[:, n_q:].reshape(rows, n_kv * hd))
-            v_slots[index].index_copy_(0, batch.slots, qkv[:, qk_width:])
+            k_slots[index].index_copy_(0, batch.slots, qk[:, n_q:].reshape(rows, n_kv * hd).to(k_slots.dtype))
+            v_slots[index].index_copy_(0, batch.slots, qkv[:, qk_width:].to(v_slots.dtype))
             q = qk[:, :n_q]
             if plan.segments is not None and kernels is not None:
                 attn = kernels.decode_attention(q.contiguous(), pool.k[index], pool.v[index], plan.segments)

@@ -138,7 +138,7 @@ class ModelRunner:
         call; long runs of a sequence's own are attended in place, one call each; the short rest
         of every row is gathered into one padded call."""
         ps = self.page_size
-        if self.model.attends_in_kernel:
+        if self.model.kernel_attends(self.pool):
             return DecodePlan(
                 count=len(contexts), runs=[], gathered=None, merge=False, segments=run_segments(contexts, ps)
             )

@@ -18,7 +18,7 @@ import time
 import torch
 
 from adapters.local import LocalEngineConfig
-from adapters.local.kv_pool import KVPool
+from adapters.local.kv_pool import KV_DTYPES, KVPool, dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.runner import ModelRunner
 from adapters.local.sampling import SamplerState, SamplingParams
@@ -28,16 +28,16 @@ from adapters.local.text_stream import TextStream
 
 
 def decoding(
-    loaded: LoadedModel, rows: int, context: int, page_size: int = 16
+    loaded: LoadedModel, rows: int, context: int, kv_dtype: torch.dtype, page_size: int = 16
 ) -> tuple[ModelRunner, ScheduledStep]:
     """A runner over a pool holding `rows` sequences of `context` computed tokens (consecutive pages
     each, as a fresh engine lays them out), and the step that decodes all of them once."""
     model = loaded.model
     per_seq = -(-(context + 2) // page_size)
-    pool = KVPool(model.spec, rows * per_seq, page_size, model.dtype)
+    pool = KVPool(model.spec, rows * per_seq, page_size, kv_dtype)
     generator = torch.Generator().manual_seed(0)
-    pool.k.copy_(torch.randn(pool.k.shape, generator=generator, dtype=model.dtype))
-    pool.v.copy_(torch.randn(pool.v.shape, generator=generator, dtype=model.dtype))
+    pool.k.copy_(torch.randn(pool.k.shape, generator=generator))
+    pool.v.copy_(torch.randn(pool.v.shape, generator=generator))
     params = SamplingParams(max_tokens=1, temperature=0.0)
     job = GenerationJob(job_id=0, groups=[], params=params, salt="", sink=lambda events: None)
     seqs = []
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-c-kernels", action="store_true")
     parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
+    parser.add_argument("--kv-dtypes", nargs="+", choices=["auto", *sorted(KV_DTYPES)], default=["auto"])
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of the first case")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -78,18 +79,28 @@ def main() -> None:
     loaded = load_model(config)
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"CPU capability {capability}, C kernels {loaded.model.attends_in_kernel}")
-    cases = {(r, c): decoding(loaded, r, c) for r in args.rows for c in args.context}
+    model = loaded.model
+    kv_dtypes = {
+        dtype_name(dtype): dtype
+        for dtype in (kv_dtype(choice, model.dtype, model.serves_packed) for choice in args.kv_dtypes)
+    }
+    cases = {
+        (r, c, name): decoding(loaded, r, c, dtype)
+        for name, dtype in kv_dtypes.items()
+        for r in args.rows
+        for c in args.context
+    }
     for runner, step in cases.values():  # warm-up
         for _ in range(3):
             step_ms(runner, step)
-    samples: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
+    samples: dict[tuple[int, int, str], list[float]] = {case: [] for case in cases}
     for _ in range(args.rounds):
         for case, (runner, step) in cases.items():
             samples[case].append(step_ms(runner, step))
-    print("| rows | context | ms/step (median) | tok/s |\n|---|---|---|---|")
-    for (rows, context), values in samples.items():
+    print("| rows | context | KV | ms/step (median) | tok/s |\n|---|---|---|---|---|")
+    for (rows, context, name), values in samples.items():
         ms = statistics.median(values)
-        print(f"| {rows} | {context} | {ms:.2f} | {rows * 1000 / ms:.1f} |")
+        print(f"| {rows} | {context} | {name} | {ms:.2f} | {rows * 1000 / ms:.1f} |")
     if args.profile:
         runner, step = next(iter(cases.values()))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -5,12 +5,13 @@ A step multiplies its rows by 120 layer matrices (30 layers x wqkv 960x576, wo 5
 candidate holds 30 distinct copies of the layer matrices, so the weights stream from memory as in
 the engine. Candidates: fp32 (MKL), torch's `_weight_int4pack_mm_for_cpu` (groups of 32, as Q4_1)
 and `_weight_int8pack_mm` (per output channel), with bf16 activations (their fp32 paths are
-scalar code on x86: 0.9 s for one row's 120 products here), and the C kernels where they build
-(exact Q4_1/Q8_0, and VNNI int8 activations).
+scalar code on x86: 0.9 s for one row's 120 products here), `torch._int_mm` on int8 rows, torch's
+dynamic int8 linear (`quantized.linear_dynamic`, fbgemm or qnnpack), and the C kernels where they
+build (exact Q4_1/Q8_0, and VNNI int8 activations).
 
     .venv/bin/python -m benchmarks.engine.products --threads 2
     # torch's and MKL's AVX2 code on an AVX-512 host (what a host without AVX-512 runs):
-    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python -m benchmarks.engine.products --no-c
 """
 
@@ -76,6 +77,32 @@ def _int8_dynamic_product(dense: torch.Tensor) -> Product:
     return partial(_int8_dynamic, weight_t=weight.t().contiguous(), scales=scales.float())
 
 
+def _fbgemm_dynamic(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.quantized.linear_dynamic(x, packed, True)
+    return out
+
+
+def _fbgemm_product(dense: torch.Tensor) -> Product:
+    """torch's stock dynamic int8 linear (`quantized.linear_dynamic`: activations quantized per call,
+    int8 weights per output channel, fp32 in and out) in the quantized engine torch picks for the
+    host (fbgemm on x86, which dispatches on `FBGEMM_ENABLE_INSTRUCTIONS`; qnnpack on ARM)."""
+    scale = dense.abs().amax(1).clamp(min=1e-12) / 127
+    zero = torch.zeros(dense.shape[0], dtype=torch.int64)
+    weight = torch.quantize_per_channel(dense, scale.double(), zero, 0, torch.qint8)
+    return partial(_fbgemm_dynamic, packed=torch.ops.quantized.linear_prepack(weight, None))
+
+
+def _fbgemm_fp16(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    return out
+
+
+def _fbgemm_fp16_product(dense: torch.Tensor) -> Product:
+    """fbgemm's fp16-weight linear (`quantized.linear_dynamic_fp16`): weights stored as fp16,
+    fp32 activations as they are (nothing quantized per call, so a row's result is its own)."""
+    return partial(_fbgemm_fp16, packed=torch.ops.quantized.linear_prepack_fp16(dense, None))
+
+
 def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return x @ weight_t
 
@@ -114,6 +141,8 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
     out["int4pack, bf16 x"] = int4
     out["int8pack, bf16 x"] = [_int8_product(w) for w in dense]
     out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
+    out[f"int8 dynamic, {torch.backends.quantized.engine}"] = [_fbgemm_product(w) for w in dense]
+    out["fp16 weights, fbgemm"] = [_fbgemm_fp16_product(w) for w in dense]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []
@@ -140,6 +169,8 @@ def heads(kernels_dir: Path | None) -> dict[str, Product]:
     out: dict[str, Product] = {
         "fp32 (MKL)": partial(_mkl, weight_t=dense.t().contiguous()),
         "int8pack, bf16 x": _int8_product(dense),
+        f"int8 dynamic, {torch.backends.quantized.engine}": _fbgemm_product(dense),
+        "fp16 weights, fbgemm": _fbgemm_fp16_product(dense),
     }
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:

@@ -1,5 +1,6 @@
 """How far decode rows on packed weights through torch's kernels (`decode_weights = "packed"`
-without the C kernels, the path of every host without AVX-512) move the model from exact fp32.
+without the C kernels, the path of every host without AVX-512), and a half-precision KV pool
+(`kv_dtype`), move the model from exact fp32. Each mode is compared with the exact one.
 
 - perplexity of a long text (`docs/architecture.md`, first `PPL_TOKENS` tokens), every token
   teacher-forced as a decode row, so every product is the mode's decode product;
@@ -8,6 +9,7 @@ without the C kernels, the path of every host without AVX-512) move the model fr
 - the answer to "What is the capital of France?" in each mode.
 
     .venv/bin/python -m benchmarks.engine.quality --threads 2
+    .venv/bin/python -m benchmarks.engine.quality --threads 2 --kv-dtypes float32 float16 bfloat16
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.kv_pool import KVPool
+from adapters.local.kv_pool import KV_DTYPES, KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.runner import ModelRunner
 from adapters.local.sampling import SamplerState, SamplingParams
@@ -35,19 +37,21 @@ PPL_TOKENS = 1024
 QUESTION = "What is the capital of France?"
 
 
-def perplexity(loaded: LoadedModel, ids: list[int]) -> float:
+def perplexity(loaded: LoadedModel, ids: list[int], kv_dtype: torch.dtype) -> float:
     """exp(mean NLL) of `ids[2:]`, each from a decode row of one sequence fed `ids` (the first
     token is its one-token prompt, which gives no logits)."""
     model = loaded.model
     page_size = 16
-    pool = KVPool(model.spec, len(ids) // page_size + 2, page_size, model.dtype)
+    pool = KVPool(model.spec, len(ids) // page_size + 2, page_size, kv_dtype)
     runner = ModelRunner(model, pool)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     sampler = SamplerState(params, model.spec.vocab_size, ids, 0)
     job = GenerationJob(job_id=0, groups=[], params=params, salt="", sink=lambda events: None)
     seq = Sequence(job, ids, 0, sampler, TextStream(loaded.tokenizer, ()))
     seq.prompt_len = 1
-    seq.pages = list(range(pool.num_pages))
+    pages = pool.alloc(pool.num_pages)  # zeroed: attention reads a partial last page's empty slots
+    assert pages is not None
+    seq.pages = pages
     runner.run(ScheduledStep(prefills=[(seq, 1)]))
     nll = 0.0
     while seq.num_computed < len(ids) - 1:
@@ -71,29 +75,43 @@ def answer(config: LocalEngineConfig, loaded: LoadedModel) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-dtypes",
+        nargs="+",
+        choices=sorted(KV_DTYPES),
+        default=["float32"],
+        help="pools of the packed modes",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = LocalEngineConfig(threads=args.threads, c_kernels=False)
-    configs = {mode: replace(base, decode_weights=mode) for mode in ("packed", "fp32")}
-    models = {mode: load_model(config) for mode, config in configs.items()}
+    exact = replace(base, decode_weights="fp32", kv_dtype="float32")
+    configs = {"fp32": exact} | {
+        f"packed/{kv}": replace(base, decode_weights="packed", kv_dtype=kv) for kv in args.kv_dtypes
+    }
+    models = {weights: load_model(replace(base, decode_weights=weights)) for weights in ("packed", "fp32")}
+
+    def model(mode: str) -> LoadedModel:
+        return models[configs[mode].decode_weights]
+
     text_ids = models["fp32"].tokenizer.encode(CONTEXT_FILE.read_text())[:PPL_TOKENS]
     batch = prompts(models["fp32"])
-    answers = {mode: greedy(configs[mode], models[mode], batch) for mode in configs}
-    pairs = list(zip(answers["packed"], answers["fp32"], strict=True))
-    print(
-        json.dumps(
-            {
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                "perplexity": {mode: perplexity(models[mode], text_ids) for mode in configs},
-                "perplexity_tokens": len(text_ids),
-                "prompts": len(batch),
-                "new_tokens": NEW_TOKENS,
-                "greedy_answers_identical": sum(a == b for a, b in pairs),
-                "first_different_token": [_first_difference(a, b) for a, b in pairs if a != b],
-                "capital_of_france": {mode: answer(configs[mode], models[mode]) for mode in configs},
-            }
-        )
-    )
+    answers = {mode: greedy(config, model(mode), batch) for mode, config in configs.items()}
+    report: dict[str, object] = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "perplexity_tokens": len(text_ids),
+        "prompts": len(batch),
+        "new_tokens": NEW_TOKENS,
+    }
+    for mode, config in configs.items():
+        pairs = list(zip(answers[mode], answers["fp32"], strict=True))
+        report[mode] = {
+            "perplexity": perplexity(model(mode), text_ids, KV_DTYPES[config.kv_dtype]),
+            "greedy_answers_identical": sum(a == b for a, b in pairs),
+            "first_different_token": [_first_difference(a, b) for a, b in pairs if a != b],
+            "capital_of_france": answer(config, model(mode)),
+        }
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -33,9 +33,11 @@ import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
 from adapters.local.config import default_model_path
+from adapters.local.kv_pool import dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
 from benchmarks.engine.workloads import (
     llama_cpp,
+    llama_cpp_cpu,
     load_llama_cpp,
     ours,
     per_token_ms,
@@ -73,13 +75,17 @@ def main() -> None:
         "--no-c-kernels", action="store_true", help="c_kernels = false: torch's kernels on any host"
     )
     parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
+    parser.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     args = parser.parse_args()
     only = set(args.only) - ({"memory"} if args.skip_memory else set())
     torch.set_num_threads(args.threads)
     started = time.time()
     load_before = os.getloadavg()
     config = LocalEngineConfig(
-        threads=args.threads, c_kernels=not args.no_c_kernels, decode_weights=args.decode_weights
+        threads=args.threads,
+        c_kernels=not args.no_c_kernels,
+        decode_weights=args.decode_weights,
+        kv_dtype=args.kv_dtype,
     )
     loaded = load_model(config)
     reference_model = _load_reference() if only & {"prefill", "decode"} else None
@@ -98,7 +104,9 @@ def main() -> None:
             "dtype": config.dtype,
             "c_kernels": loaded.model.attends_in_kernel,
             "decode_weights": config.decode_weights,
+            "kv_dtype": dtype_name(kv_dtype(config.kv_dtype, loaded.model.dtype, loaded.model.serves_packed)),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "llama_cpp_cpu": llama_cpp_cpu() if llama is not None else None,
         },
     }
     if "prefill" in only:
@@ -121,6 +129,8 @@ def main() -> None:
     OUT_DIR.mkdir(exist_ok=True)
     out = OUT_DIR / time.strftime("engine-%Y%m%d-%H%M%S.json")
     out.write_text(json.dumps(results, indent=2))
+    used = results["config"]
+    print(f"torch {used['cpu_capability']} code, KV {used['kv_dtype']}; llama.cpp: {used['llama_cpp_cpu']}")
     print(_table(results))
     print(f"\nraw results: {out}")
 

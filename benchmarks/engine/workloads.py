@@ -150,6 +150,16 @@ def load_llama_cpp(path: Path, threads: int, context: int, *, repack: bool = Fal
         llama_cpp.llama_cpp.llama_model_default_params = defaults
 
 
+def llama_cpp_cpu() -> str:
+    """The instruction sets the loaded llama.cpp library was built for (ggml-cpu's system info:
+    a native build lists the host's, AVX-512 included; a build with `GGML_NATIVE=OFF` and
+    `GGML_AVX512=OFF` lists AVX2)."""
+    import llama_cpp
+
+    info: bytes = llama_cpp.llama_print_system_info()
+    return info.decode().strip()
+
+
 def llama_cpp(model: Any, prompt: list[int], max_tokens: int) -> Timed:
     """llama.cpp greedy decoding of `prompt` from an empty cache, timing each token (its generator
     never stops at EOS by itself, so it gives exactly `max_tokens`)."""

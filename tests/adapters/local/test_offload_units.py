@@ -39,7 +39,7 @@ def filled_pool(dtype: torch.dtype = torch.float32, page_size: int = 4, **shape:
     return pool
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_page_round_trips_exactly(dtype: torch.dtype) -> None:
     pool = filled_pool(dtype)
     codec = PageCodec(pool)
@@ -54,6 +54,7 @@ def test_a_page_round_trips_exactly(dtype: torch.dtype) -> None:
     "other",
     [
         {"dtype": torch.bfloat16},
+        {"dtype": torch.float16},  # same bytes per page as bf16: the header's dtype tells them apart
         {"page_size": 8},
         {"layers": 3},
         {"kv_heads": 1, "head_dim": 16},  # same bytes per page, another layout
