@@ -14,7 +14,9 @@ yet), F_w the free room its tree predicts in its engine's cache and Q_w its queu
 
 with P_w the prefill sent to w that its engine has not computed yet: each dispatched request's
 uncached tokens join a queue that drains at `prefill_tokens_per_s` times the worker's weight
-(`prefill_hold_s`, 0 by default, can hold them longer).
+(`prefill_hold_s`, 0 by default, can hold them longer). P_w counts only for a request that reuses
+nothing on w (its match there is below `match_threshold`): one whose prefix w holds, or is still
+computing, waits for that prefix rather than behind the whole queue.
 
 Every term is tokens of work: L - m_w is the prefill this request adds on w, E_w the cached prefix
 it evicts there to make room (recomputed later, by whoever asks for it again: a miss in a full cache
@@ -133,8 +135,9 @@ class CacheAware:
                 queued += w.prefill_backlog(context.now, settings.prefill_tokens_per_s)
             return (uncached + evicted + queued) / w.weight, w.in_flight / w.weight
 
-        worker = min(fast, key=cost)
-        if len(fast) < count and cost(worker) > min(map(cost, order)):
+        costs = {w.id: cost(w) for w in order}
+        worker = min(fast, key=lambda w: costs[w.id])
+        if len(fast) < count and costs[worker.id] > min(costs.values()):
             reason = "ttft"
         elif bounded and best >= settings.match_threshold and ratios[worker.id] < best:
             reason = "bounded_load"  # the best match was at its bound: this worker warms the prefix
