@@ -62,10 +62,14 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 _PORT = r"([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 _HOST_PORT = rf"[A-Za-z0-9._~-]+(:{_PORT})?"
-REMOTE_URL_PATTERN = rf"^https?://{_HOST_PORT}(/\S*)?$"
+_URL_REST = r"[^\x00-\x20\x7f]*"
+"""A URL's path and query: no ASCII space or control character. Spelled out, not `\\S`: Python's `\\s`
+counts `\\x1c`-`\\x1f` as spaces and JSON Schema's (ECMA-262) does not, so the API's schema would
+admit URLs the gateway refuses."""
+REMOTE_URL_PATTERN = rf"^https?://{_HOST_PORT}(/{_URL_REST})?$"
 """An http(s) URL whose host is a DNS name or an IPv4 address (name an IPv6 worker by a DNS name),
 with an optional port."""
-WORKER_URL_PATTERN = rf"^({REMOTE_URL_PATTERN[1:-1]}|local://\S*)$"
+WORKER_URL_PATTERN = rf"^({REMOTE_URL_PATTERN[1:-1]}|local://{_URL_REST})$"
 """An http(s) URL with a host, or `local://...` for the embedded engine."""
 WorkerUrl = Annotated[str, msgspec.Meta(pattern=WORKER_URL_PATTERN)]
 API_KEY_PATTERN = r"^[\x21-\x7e]+$"
