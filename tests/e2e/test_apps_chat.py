@@ -13,9 +13,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from adapters.local import LocalEngineConfig
-from proxy.app import create_app
-from proxy.routing.from_settings import build_pool
-from proxy.settings import Settings
+from tests.e2e.local_gateway import local_gateway
 from tests.gateway_server import GatewayServer
 
 pytestmark = pytest.mark.slow
@@ -27,10 +25,8 @@ NO_TRACES = RunConfig(tracing_disabled=True)  # the SDK would send its traces to
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayServer]:
-    settings = Settings(local_engine=ENGINE)
-    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
-    yield server
-    server.stop()
+    with local_gateway(ENGINE) as server:
+        yield server
 
 
 @pytest.fixture

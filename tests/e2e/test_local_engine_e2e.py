@@ -13,6 +13,7 @@ from adapters.local import LocalEngine, LocalEngineConfig
 from proxy.app import create_app
 from proxy.routing.from_settings import build_pool
 from proxy.settings import Settings
+from tests.e2e.local_gateway import local_gateway
 from tests.gateway_server import GatewayServer
 
 pytestmark = pytest.mark.slow
@@ -114,16 +115,14 @@ def test_disconnecting_frees_the_pages(
 def test_torchs_kernels_answer_paris_too() -> None:
     """The path of a host without the C kernels (torch's packed-weight kernels, `c_kernels = false`),
     served by the gateway like any other: the same answer."""
-    settings = Settings(local_engine=replace(ENGINE, c_kernels=False))
-    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
-    try:
-        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk:
-            answer = sdk.chat.completions.create(
-                model=ENGINE.model_id,
-                messages=[{"role": "user", "content": QUESTION}],
-                temperature=0,
-                max_tokens=24,
-            )
-    finally:
-        server.stop()
+    with (
+        local_gateway(replace(ENGINE, c_kernels=False)) as server,
+        openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk,
+    ):
+        answer = sdk.chat.completions.create(
+            model=ENGINE.model_id,
+            messages=[{"role": "user", "content": QUESTION}],
+            temperature=0,
+            max_tokens=24,
+        )
     assert "Paris" in (answer.choices[0].message.content or "")

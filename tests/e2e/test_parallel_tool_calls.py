@@ -28,9 +28,7 @@ from agents import (
 )
 
 from adapters.local import LocalEngineConfig
-from proxy.app import create_app
-from proxy.routing.from_settings import build_pool
-from proxy.settings import Settings
+from tests.e2e.local_gateway import local_gateway
 from tests.gateway_server import GatewayServer
 
 pytestmark = pytest.mark.slow
@@ -85,10 +83,8 @@ NO_TRACES = RunConfig(tracing_disabled=True)
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayServer]:
-    settings = Settings(local_engine=ENGINE)
-    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
-    yield server
-    server.stop()
+    with local_gateway(ENGINE) as server:
+        yield server
 
 
 @pytest.fixture
@@ -135,13 +131,11 @@ def test_chat_answers_with_two_calls_whole_and_streamed(client: openai.OpenAI) -
 
 
 def test_hosts_without_avx512_answer_with_both_calls_too() -> None:
-    settings = Settings(local_engine=replace(ENGINE, c_kernels=False))  # torch's kernels
-    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
-    try:
-        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk:
-            calls = chat(sdk).choices[0].message.tool_calls
-    finally:
-        server.stop()
+    with (
+        local_gateway(replace(ENGINE, c_kernels=False)) as server,  # torch's kernels
+        openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as sdk,
+    ):
+        calls = chat(sdk).choices[0].message.tool_calls
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == WANTED
 
 

@@ -11,9 +11,7 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
 
 from adapters.local import LocalEngineConfig
-from proxy.app import create_app
-from proxy.routing.from_settings import build_pool
-from proxy.settings import Settings
+from tests.e2e.local_gateway import local_gateway
 from tests.gateway_server import GatewayServer
 
 pytestmark = pytest.mark.slow
@@ -25,10 +23,8 @@ INSTRUCTIONS = "You are a geography tutor. Answer in one short sentence. " * 6
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayServer]:
-    settings = Settings(local_engine=ENGINE)
-    server = GatewayServer(create_app(settings, router=build_pool(settings))).start()
-    yield server
-    server.stop()
+    with local_gateway(ENGINE) as server:
+        yield server
 
 
 @pytest.fixture
