@@ -163,8 +163,9 @@ class Worker:
         return self.queued_work / self.spec.weight
 
     def match(self, tokens: array[int]) -> int:
-        """Tokens of `tokens` the tree predicts the engine holds."""
-        return self.tree.match_prefix(tokens).length
+        """Tokens of `tokens` the tree predicts the engine holds. A look, not a use: the tree's LRU
+        order stays the engine's, which only the worker the request goes to sees used (`remember`)."""
+        return self.tree.match_prefix(tokens, touch=False).length
 
     def exact_match(
         self, engine_tokens: array[int] | None, salt: str, keys: dict[int, list[bytes]]
