@@ -170,16 +170,17 @@ class Worker:
     def exact_match(
         self, engine_tokens: array[int] | None, salt: str, keys: dict[int, list[bytes]]
     ) -> int | None:
-        """Tokens of the prompt the engine's KV events say it holds, or None when the worker has no
-        live event feed or the prompt's tokens are not the engine's (a byte-routed model). `keys`
-        caches the prompt's block keys per block size across workers."""
+        """Tokens of the prompt the engine's KV events say it holds (on any of its data-parallel
+        ranks), or None when the worker has no live event feed or the prompt's tokens are not the
+        engine's (a byte-routed model). `keys` caches the prompt's block keys per block size across
+        workers."""
         feed = self.kv_events
         if feed is None or engine_tokens is None or not feed.live():
             return None
-        size = feed.index.block_size
+        size = feed.block_size
         if size not in keys:
             keys[size] = chain_keys(engine_tokens, salt, size) if size > 0 else []
-        return feed.index.match_keys(keys[size])
+        return feed.match_keys(keys[size])
 
     @property
     def tree_limit(self) -> int:
