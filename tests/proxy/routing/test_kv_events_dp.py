@@ -52,9 +52,11 @@ def _free_ports(count: int) -> int:
 
 
 class DataParallelEngine(FakeEngine):
-    """An engine whose server info reports KV events on wildcard binds, with data-parallel ranks."""
+    """An engine whose server info reports `advert` (KV events on wildcard binds, its ranks)."""
 
-    advert: KvEventsAdvert | None = None
+    def __init__(self, spec: WorkerSpec, advert: KvEventsAdvert | None) -> None:
+        super().__init__(spec)
+        self.advert = advert
 
     async def kv_events_advert(self) -> KvEventsAdvert | None:
         return self.advert
@@ -96,15 +98,19 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         )
         publisher.start()
         publishers.append(publisher)
-    DataParallelEngine.advert = KvEventsAdvert(f"tcp://*:{pub}", f"tcp://*:{replay}", ranks=(0, 1))
+    advert = KvEventsAdvert(f"tcp://*:{pub}", f"tcp://*:{replay}", ranks=(0, 1))
     specs = [  # w0: the data-parallel engine, events discovered; w1: no events
         WorkerSpec(url="http://127.0.0.1:9300", id="w0", models=["m"]),
         WorkerSpec(url="http://127.0.0.1:9301", id="w1", models=["m"]),
     ]
     tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json")
     settings = msgspec.convert({"tokenizers": {"m": str(tokenizer)}}, RoutingSettings)
-    pool = WorkerPool(["m"], specs, settings, engine_factory=DataParallelEngine)
-    pool.workers()[1].engine.advert = None  # type: ignore[attr-defined]
+    pool = WorkerPool(
+        ["m"],
+        specs,
+        settings,
+        engine_factory=lambda spec: DataParallelEngine(spec, advert if spec.id == "w0" else None),
+    )
     await pool.start()
     built = Cluster(pool, publishers)
     await built.settle(lambda: pool.workers()[0].kv_events is not None)
