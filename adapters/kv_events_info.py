@@ -25,6 +25,9 @@ import msgspec
 
 DEFAULT_ENDPOINT = "tcp://*:5557"
 """The PUB address both engines bind when `endpoint` is left out."""
+MAX_REPORTED_RANKS = 4_096
+"""Data-parallel sizes are read up to this (a server reporting more is not believed further: the
+router follows far fewer, see `proxy.routing.config.MAX_DATA_PARALLEL_RANKS`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,5 +109,7 @@ def vllm_ranks(parallel: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _count(value: object, default: int = 1) -> int:
-    """A positive count from an engine's config (anything else: `default`)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    """A positive count from an engine's config, at most `MAX_REPORTED_RANKS` (anything else: `default`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, MAX_REPORTED_RANKS)
+    return default

@@ -180,6 +180,9 @@ def test_the_ranks_behind_an_api_server_come_from_the_engines_parallel_config() 
     }
     assert vllm_ranks(hybrid) == (2, 3)
     assert vllm_ranks({}) == (0,)
+    huge = vllm_ranks({"data_parallel_size": 10**12})  # not believed past a bound, then refused
+    assert len(huge) == 4_096
+    assert resolve(KvEventsAdvert("tcp://*:5557", ranks=huge), "http://10.0.0.5:8000").spec is None
     config = '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'
     advert = sglang_advert({"kv_events_config": config, "dp_size": 2, "enable_dp_attention": True})
     assert advert is not None and advert.ranks == (0, 1)
