@@ -158,8 +158,10 @@ class RadixTree(Generic[V]):
         """Nodes, not counting the root."""
         return self._nodes
 
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult[V]:
-        """Longest page-aligned prefix of ``tokens`` in the tree; refreshes access times along the path.
+    def match_prefix(self, tokens: Sequence[int], *, touch: bool = True) -> MatchResult[V]:
+        """Longest page-aligned prefix of ``tokens`` in the tree; refreshes access times along the path
+        unless ``touch`` is False (a look that is not a use, such as a router weighing a worker it
+        may not choose, must not keep a prefix alive that the worker's cache is letting go).
 
         A match ending inside a node splits nothing: it returns that node's whole matched pages.
         Converting a list of ids is most of the cost of a long match: a caller matching one prompt
@@ -172,7 +174,8 @@ class RadixTree(Generic[V]):
             child = node.children.get(query[pos : pos + self._page_bytes])
             if child is None:
                 break
-            child.last_access, child.tick = now, tick
+            if touch:
+                child.last_access, child.tick = now, tick
             deepest = child
             common = common_prefix_bytes(child.key, query, pos, self._page_bytes)
             pos += common

@@ -2,9 +2,10 @@
 
 It binds a ZMQ PUB socket and a ROUTER replay socket like vLLM's `ZmqEventPublisher`, numbers every
 batch, keeps the last `buffer` batches for replay, and can *drop* a batch (number it and buffer it,
-but never send it) to exercise a subscriber's gap handling. Batches are encoded as vLLM encodes them:
-msgpack arrays (`array_like`, vLLM <= 0.10 and SGLang) or maps (current vLLM), with the engine's
-own block hashes (ints, or 32-byte sha256 digests for the map encoding).
+but never send it) to exercise a subscriber's gap handling; a data-parallel engine runs one per
+rank. Batches are encoded as vLLM encodes them: msgpack arrays (`array_like`, vLLM <= 0.10 and
+SGLang) or maps (current vLLM), with the engine's own block hashes (ints, or 32-byte sha256
+digests for the map encoding).
 """
 
 from __future__ import annotations
@@ -91,9 +92,13 @@ class KvEventPublisher:
         block_size: int = 16,
         encoding: Encoding = "array",
         buffer: int = 10_000,
+        rank: int = 0,
     ) -> None:
         self.block_size = block_size
         self.encoding = encoding
+        self.rank = rank
+        """The data-parallel rank whose events these are (a DP engine runs one publisher per rank,
+        on the configured ports plus its rank, each numbering its own batches)."""
         self._topic = topic.encode()
         self._context = zmq.asyncio.Context()
         self._pub = self._context.socket(zmq.PUB)
@@ -190,7 +195,8 @@ class KvEventPublisher:
 
     async def _publish(self, events: list[Any], *, drop: bool = False) -> None:
         batch_type = _MapBatch if self.encoding == "map" else _ArrayBatch
-        payload = self._encoder.encode(batch_type(ts=time.time(), events=events, data_parallel_rank=0))
+        batch = batch_type(ts=time.time(), events=events, data_parallel_rank=self.rank)
+        payload = self._encoder.encode(batch)
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,9 @@ class OfflineCluster:
             self.now, _, worker, answered = heapq.heappop(self._events)
             if answered is not None:
                 await answered.done(answered)
+                # Let the pool's deferred work run (its tree trims, scheduled with `call_soon`), as
+                # the gateway's event loop does between requests: without it no tree ever forgets.
+                await asyncio.sleep(0)
                 continue
             self._scheduled[worker] = False
             engine = self.engines[worker]

@@ -8,7 +8,8 @@
     cache_aware   the default policy: its cost function within a bounded load
     prompts       request -> salted token ids (tokenizing.py, gguf_vocab.py: where they come from;
                   discovery.py: a model's tokenizer found from its workers)
-    kv_events     a worker's KV-event feed (kv_wire: vLLM/SGLang wire format; kv_index: its blocks)
+    kv_events     a worker's KV-event feed over its data-parallel ranks (kv_stream: one rank's
+                  stream; kv_wire: vLLM/SGLang wire format; kv_index: its blocks)
     health        active health checks; breaker: per-worker circuit breaker
     observe       Prometheus series and a span per decision; admin: /admin/workers
     registry      policies by name, adapters by worker kind; from_settings: Settings -> WorkerPool

@@ -72,8 +72,20 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     """Why no KV events are followed, when the worker was asked (`proxy.routing.kv_discovery`)."""
 
 
+class KvRankStatus(msgspec.Struct, kw_only=True):
+    """One data-parallel rank's event stream (each numbers, replays and resets on its own)."""
+
+    rank: int
+    endpoint: str
+    last_seq: int | None
+    blocks: int
+    events: int
+    replayed: int
+    resets: int
+
+
 class KvEventsStatus(msgspec.Struct, kw_only=True):
-    """A worker's KV-event feed as `GET /admin/workers` shows it."""
+    """A worker's KV-event feed as `GET /admin/workers` shows it (counts summed over its ranks)."""
 
     endpoint: str
     source: str
@@ -81,6 +93,7 @@ class KvEventsStatus(msgspec.Struct, kw_only=True):
     live: bool
     """True while the index routes; False before the first event and after events stopped."""
     last_seq: int | None
+    """Rank 0's (the first rank's) last sequence number; every rank's in `ranks`."""
     blocks: int
     blocks_by_medium: dict[str, int]
     block_size: int
@@ -88,6 +101,8 @@ class KvEventsStatus(msgspec.Struct, kw_only=True):
     replayed: int
     resets: int
     orphans: int
+    ranks: list[KvRankStatus]
+    """Per data-parallel rank followed, in rank order (one entry for an engine without DP)."""
 
 
 class WorkerList(msgspec.Struct, kw_only=True):
@@ -150,19 +165,31 @@ def _kv_status(worker: Worker) -> KvEventsStatus | None:
     feed = worker.kv_events
     if feed is None:
         return None
-    index = feed.index
+    ranks = [
+        KvRankStatus(
+            rank=stream.rank,
+            endpoint=stream.endpoint,
+            last_seq=stream.last_seq,
+            blocks=stream.index.blocks,
+            events=stream.index.events,
+            replayed=stream.replayed,
+            resets=stream.resets,
+        )
+        for stream in feed.streams
+    ]
     return KvEventsStatus(
         endpoint=feed.spec.endpoint,
         source=feed.source,
         live=feed.live(),
-        last_seq=feed.last_seq,
-        blocks=index.blocks,
-        blocks_by_medium=index.blocks_by_medium(),
-        block_size=index.block_size,
-        events=index.events,
+        last_seq=ranks[0].last_seq,
+        blocks=feed.blocks,
+        blocks_by_medium=feed.blocks_by_medium(),
+        block_size=feed.block_size,
+        events=sum(rank.events for rank in ranks),
         replayed=feed.replayed,
         resets=feed.resets,
-        orphans=index.orphans,
+        orphans=sum(stream.index.orphans for stream in feed.streams),
+        ranks=ranks,
     )
 
 

@@ -14,9 +14,13 @@ yet), F_w the free room its tree predicts in its engine's cache and Q_w its queu
 
 with P_w the prefill sent to w that its engine has not computed yet: each dispatched request's
 uncached tokens join a queue that drains at `prefill_tokens_per_s` times the worker's weight
-(`prefill_hold_s`, 0 by default, can hold them longer). P_w counts only for a request that reuses
-nothing on w (its match there is below `match_threshold`): one whose prefix w holds, or is still
-computing, waits for that prefix rather than behind the whole queue.
+(`prefill_hold_s`, 0 by default, can hold them longer). P_w counts unless w holds more of the
+prompt than every other candidate: a request whose prefix only w holds, or is still computing (a
+burst for a new prefix, a conversation's history), waits for that prefix rather than behind the
+whole queue, and would cost more work anywhere else; one that would reuse as much elsewhere (nothing
+at all, or a system prompt every worker holds) costs the same work anywhere, so it goes where it
+waits least. (Charged only for misses, the prefill queue left closed-loop chats in lockstep: a
+worker whose group of conversations ended together took all their users' next conversations at once.)
 
 Every term is tokens of work: L - m_w is the prefill this request adds on w, E_w the cached prefix
 it evicts there to make room (recomputed later, by whoever asks for it again: a miss in a full cache
@@ -60,6 +64,9 @@ from collections.abc import Sequence
 from proxy.routing.config import CacheAwareSettings
 from proxy.routing.policies import Decision, RoutingContext, least_loaded
 from proxy.routing.worker import Worker
+
+SAME_MATCH_TOKENS = 16.0
+"""Matches this close are the same reuse (a KV page: engines cache whole pages)."""
 
 
 def within_bound(candidates: Sequence[Worker], epsilon: float) -> list[Worker]:
@@ -125,13 +132,17 @@ class CacheAware:
             cutoff = min(waits.values()) + settings.ttft_slack_s
             fast = [w for w in order if waits[w.id] <= cutoff]
 
+        ranked = [*sorted((counted[w.id] for w in order), reverse=True), 0.0]  # the best two, and 0
+
         def cost(w: Worker) -> tuple[float, float]:
             uncached = lengths[w.id] - counted[w.id]
             # The prefix it evicts to make room: recomputed later (by someone) if it is asked again.
             evicted = min(uncached, max(0.0, uncached - w.free_tokens))
             queued = w.queued_work
-            if new_prefix or ratios[w.id] < settings.match_threshold:
-                # It reuses nothing of the prefill still computing there: it only waits behind it.
+            elsewhere = ranked[1] if counted[w.id] >= ranked[0] else ranked[0]
+            if counted[w.id] <= elsewhere + SAME_MATCH_TOKENS:
+                # It reuses here no more than it would elsewhere: it only waits behind the prefill
+                # still computing there (which, where it holds more, is its own prefix's).
                 queued += w.prefill_backlog(context.now, settings.prefill_tokens_per_s)
             return (uncached + evicted + queued) / w.weight, w.in_flight / w.weight
 

@@ -77,6 +77,9 @@ API_KEY_PATTERN = r"^[\x21-\x7e]+$"
 
 
 DEFAULT_KV_EVENTS_STALE_S = 5.0
+MAX_DATA_PARALLEL_RANKS = 256
+"""Most data-parallel ranks one worker's events are followed on (one socket pair each)."""
+DataParallelRank = Annotated[int, msgspec.Meta(ge=0, le=65_535)]
 ZMQ_ENDPOINT_PATTERN = r"^(tcp://[A-Za-z0-9._~*\[\]:-]+:[0-9]{1,5}|ipc://[\x21-\x7e]+)$"
 """A ZMQ endpoint: `tcp://HOST:PORT` or `ipc://PATH` (printable ASCII)."""
 
@@ -92,6 +95,12 @@ class KvEventsSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     the index instead."""
     topic: str = ""
     """The topic the engine publishes under ("" for vLLM's default)."""
+    data_parallel_ranks: Annotated[
+        frozenset[DataParallelRank], msgspec.Meta(min_length=1, max_length=MAX_DATA_PARALLEL_RANKS)
+    ] = frozenset({0})
+    """The engine's data-parallel ranks behind this worker (vLLM `--data-parallel-size 2`, SGLang
+    `--dp-size 2 --enable-dp-attention`: `[0, 1]`). Rank r publishes on `endpoint`'s port plus r and
+    replays on `replay_endpoint`'s plus r; every rank's blocks count for this worker."""
     stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_KV_EVENTS_STALE_S
     """A request dispatched this long ago with no event since means the events stopped: the
     worker's approximate tree routes until they resume."""

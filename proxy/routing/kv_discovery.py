@@ -16,7 +16,8 @@ always bind the replay socket. So, as seen from the gateway:
 
 Only TCP addresses on the worker's own host are followed, so a worker cannot point the gateway at
 other machines or local socket files (`ipc://`: configure it). A data-parallel engine publishes one
-stream per rank (port + rank); it is not followed either (one feed per worker). Configured
+stream per rank, on the reported ports plus the rank (`adapters.kv_events_info` says which ranks run
+beside the worker's API server): the feed follows each of them as the same worker. Configured
 `kv_events` always win; `GET /admin/workers` shows each feed's `source`.
 """
 
@@ -31,7 +32,7 @@ from urllib.parse import urlsplit
 
 from adapters.engine_metrics import AdvertisesKvEvents
 from adapters.kv_events_info import KvEventsAdvert
-from proxy.routing.config import KvEventsSpec
+from proxy.routing.config import MAX_DATA_PARALLEL_RANKS, KvEventsSpec
 from proxy.routing.kv_events import KvEventFeed
 from proxy.routing.worker import Worker
 
@@ -42,6 +43,7 @@ _WILDCARDS = frozenset({"*", "0.0.0.0", "[::]", "::", "[::0]"})
 _PUB_BINDS = frozenset({"*", "[::]", "::", "[::0]"})
 """The PUB addresses the engines bind (their rule: a `*` or `::` binds, anything else connects)."""
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+MAX_PORT = 65_535
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +58,26 @@ class Resolved:
 def resolve(advert: KvEventsAdvert, worker_url: str) -> Resolved:
     """The sockets the gateway connects to for an engine reporting `advert` behind `worker_url`."""
     host = (urlsplit(worker_url).hostname or "").lower()
-    if advert.data_parallel_size > 1:
-        return Resolved(None, f"{advert.data_parallel_size} data-parallel ranks: configure kv_events")
+    if len(advert.ranks) > MAX_DATA_PARALLEL_RANKS:
+        return Resolved(None, f"{len(advert.ranks)} data-parallel ranks: configure kv_events")
     pub = _TCP.match(advert.endpoint)
     if pub is None:
         return Resolved(None, f"{advert.endpoint} is not a TCP address: configure kv_events")
     if pub["host"] not in _PUB_BINDS:
         return Resolved(None, f"the engine connects out to {advert.endpoint}: configure kv_events")
     replay = _replay_address(advert.replay_endpoint, host)
-    spec = KvEventsSpec(endpoint=f"tcp://{host}:{pub['port']}", replay_endpoint=replay, topic=advert.topic)
-    return Resolved(spec, f"discovered: {advert.endpoint}" + (f", replay {replay}" if replay else ""))
+    for port in (pub["port"], (replay or ":0").rpartition(":")[2]):
+        if int(port) + max(advert.ranks) > MAX_PORT:
+            return Resolved(None, f"rank {max(advert.ranks)} would publish past port {MAX_PORT}")
+    spec = KvEventsSpec(
+        endpoint=f"tcp://{host}:{pub['port']}",
+        replay_endpoint=replay,
+        topic=advert.topic,
+        data_parallel_ranks=frozenset(advert.ranks),
+    )
+    ranks = f", data-parallel ranks {list(advert.ranks)}" if advert.ranks != (0,) else ""
+    note = f"discovered: {advert.endpoint}" + (f", replay {replay}" if replay else "") + ranks
+    return Resolved(spec, note)
 
 
 def _replay_address(reported: str | None, host: str) -> str | None:

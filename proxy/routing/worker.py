@@ -163,22 +163,24 @@ class Worker:
         return self.queued_work / self.spec.weight
 
     def match(self, tokens: array[int]) -> int:
-        """Tokens of `tokens` the tree predicts the engine holds."""
-        return self.tree.match_prefix(tokens).length
+        """Tokens of `tokens` the tree predicts the engine holds. A look, not a use: the tree's LRU
+        order stays the engine's, which only the worker the request goes to sees used (`remember`)."""
+        return self.tree.match_prefix(tokens, touch=False).length
 
     def exact_match(
         self, engine_tokens: array[int] | None, salt: str, keys: dict[int, list[bytes]]
     ) -> int | None:
-        """Tokens of the prompt the engine's KV events say it holds, or None when the worker has no
-        live event feed or the prompt's tokens are not the engine's (a byte-routed model). `keys`
-        caches the prompt's block keys per block size across workers."""
+        """Tokens of the prompt the engine's KV events say it holds (on any of its data-parallel
+        ranks), or None when the worker has no live event feed or the prompt's tokens are not the
+        engine's (a byte-routed model). `keys` caches the prompt's block keys per block size across
+        workers."""
         feed = self.kv_events
         if feed is None or engine_tokens is None or not feed.live():
             return None
-        size = feed.index.block_size
+        size = feed.block_size
         if size not in keys:
             keys[size] = chain_keys(engine_tokens, salt, size) if size > 0 else []
-        return feed.index.match_keys(keys[size])
+        return feed.match_keys(keys[size])
 
     @property
     def tree_limit(self) -> int:

@@ -328,4 +328,4 @@ async def test_kv_events_advert_from_the_server_args(engine: SGLangEngine) -> No
     assert await engine.kv_events_advert() is None
     route.respond(json={"kv_events_config": config, "dp_size": 4, "enable_dp_attention": True})
     advert = await engine.kv_events_advert()
-    assert advert is not None and advert.data_parallel_size == 4
+    assert advert is not None and advert.ranks == (0, 1, 2, 3)

@@ -319,3 +319,13 @@ TestRadixModel = RadixModel.TestCase
 TestRadixModel.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_a_match_without_touch_leaves_the_lru_order_alone() -> None:
+    tree: RadixTree[None] = RadixTree(clock=FakeClock())
+    tree.insert([1, 2])
+    tree.insert([5, 6])
+    assert tree.match_prefix([1, 2, 3], touch=False).length == 2
+    tree.evict(1)
+    assert tree.match_prefix([1, 2]).length == 0  # still the least recently used: evicted
+    assert tree.match_prefix([5, 6]).length == 2

@@ -258,3 +258,45 @@ async def test_a_miss_waits_behind_the_prefill_still_computing_on_a_worker() -> 
     busy.queue_prefill(DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_PREFILL_TOKENS_PER_S, now)
     lease = await pool.acquire(chat_request("a prompt nobody has sent before " * 40, "q"))
     assert lease.worker_id == free.id
+
+
+async def test_weighing_a_worker_is_not_a_use_of_its_prefixes() -> None:
+    """A stale copy of a prefix on a worker the requests no longer go to ages in that worker's tree
+    as it does in its engine's cache: weighing the worker for each request must not refresh it, or
+    the tree forgets the prefixes that worker really serves first."""
+    pool = make_pool(2)
+    home, other = pool.workers()
+    hot = chat_request("the hot system prompt " * 40, "q")
+    tokens, _ = await pool.prompts.tokens(hot, pool.workers())
+    served, _ = await pool.prompts.tokens(chat_request("the other worker's own prompt " * 40, "q"), [other])
+    other.remember(tokens[: len(tokens) // 2])  # a stale half-copy, sent there long ago
+    other.remember(served)  # what `other` serves now
+    home.remember(tokens)
+    for _ in range(3):
+        lease = await pool.acquire(hot)
+        assert lease.worker_id == home.id  # the longer match
+        lease.release(usage=None, failed=False)
+    other.tree.evict(1)  # one leaf: the least recently used
+    assert other.match(served) == len(served) - len(served) % other.tree.page_size
+    assert other.match(tokens) < len(tokens) // 4
+
+
+async def test_a_prefix_every_worker_holds_waits_behind_no_ones_prefill_queue() -> None:
+    """A system prompt cached on every worker is the same reuse anywhere: the request goes where the
+    prefill already queued is shortest, not to the worker with the least decode (a group of chats
+    ending together on one worker would otherwise all restart there, and stay in lockstep)."""
+    pool = make_pool(2)
+    busy, free = pool.workers()
+    warm, _ = await pool.prompts.tokens(chat_request(SYSTEM, "warm"), pool.workers())
+    for worker in (busy, free):
+        worker.remember(warm)  # both hold the system prompt
+    now = time.monotonic()
+    free.charge(prefill=0, decode=64, prefill_hold_s=0, now=now)  # by decode alone `busy` is lighter
+    busy.queue_prefill(DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_PREFILL_TOKENS_PER_S, now)  # 1 s queued
+    lease = await pool.acquire(chat_request(SYSTEM, "a new conversation"))
+    assert lease.worker_id == free.id
+    # A prompt only `busy` holds waits for it there: moving would cost its whole prefill again.
+    history = "a conversation's long history " * 40
+    busy.remember((await pool.prompts.tokens(chat_request(SYSTEM, history), [busy]))[0])
+    follow_up = await pool.acquire(chat_request(SYSTEM, history + " and a follow-up"))
+    assert follow_up.worker_id == busy.id

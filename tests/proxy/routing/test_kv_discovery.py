@@ -48,7 +48,7 @@ def test_loopback_sockets_of_a_loopback_worker_are_followed() -> None:
         (KvEventsAdvert("tcp://10.0.0.7:5557"), "connects out"),
         (KvEventsAdvert("tcp://0.0.0.0:5557"), "connects out"),
         (KvEventsAdvert("ipc:///tmp/kv"), "not a TCP address"),
-        (KvEventsAdvert("tcp://*:5557", data_parallel_size=2), "data-parallel"),
+        (KvEventsAdvert("tcp://*:5557", ranks=tuple(range(300))), "data-parallel"),
     ],
 )
 def test_what_cannot_be_followed_says_why(advert: KvEventsAdvert, why: str) -> None:

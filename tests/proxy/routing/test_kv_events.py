@@ -71,7 +71,7 @@ async def _cluster(tmp_path: Path, *, replay: bool, encoding: Encoding, stale_s:
     for index, publisher in enumerate(publishers):
         feed = cluster.worker(index).kv_events
         assert feed is not None
-        while feed.last_seq is None:
+        while feed.streams[0].last_seq is None:
             await publisher.clear()
             await asyncio.sleep(0.02)
     return cluster
@@ -91,7 +91,7 @@ async def test_a_request_goes_where_the_engine_reports_its_blocks(cluster: Clust
     await cluster.publishers[1].store(tokens)
     feed = cluster.worker(1).kv_events
     assert feed is not None
-    await cluster.settle(lambda: feed.index.blocks == len(tokens) // BLOCK)
+    await cluster.settle(lambda: feed.blocks == len(tokens) // BLOCK)
     lease = await cluster.pool.acquire(chat_request(SYSTEM, "another question"))
     assert lease.worker_id == "w1"
     assert lease._predicted >= 160  # whole blocks of the system prompt, in the engine's tokens
@@ -105,10 +105,10 @@ async def test_the_tenant_salt_is_part_of_the_block_keys(cluster: Cluster) -> No
     await cluster.publishers[0].store(tokens, salt="tenant-a")
     feed = cluster.worker(0).kv_events
     assert feed is not None
-    await cluster.settle(lambda: feed.index.blocks > 0)
-    assert feed.index.match(array("I", tokens), "tenant-a") == len(tokens) // BLOCK * BLOCK
-    assert feed.index.match(array("I", tokens), "tenant-b") == 0
-    assert feed.index.match(array("I", tokens), "") == 0
+    await cluster.settle(lambda: feed.blocks > 0)
+    assert feed.match(array("I", tokens), "tenant-a") == len(tokens) // BLOCK * BLOCK
+    assert feed.match(array("I", tokens), "tenant-b") == 0
+    assert feed.match(array("I", tokens), "") == 0
 
 
 async def test_a_dropped_batch_is_replayed_and_removals_and_clears_apply(cluster: Cluster) -> None:
@@ -119,29 +119,29 @@ async def test_a_dropped_batch_is_replayed_and_removals_and_clears_apply(cluster
     await publisher.store(first)
     hashes = await publisher.store(second, drop=True)  # lost on the way: only the replay has it
     await publisher.store(first, medium="CPU")  # the next batch reveals the gap
-    await cluster.settle(lambda: feed.replayed == 1 and feed.index.blocks_by_medium().get("CPU"))
+    await cluster.settle(lambda: feed.replayed == 1 and feed.blocks_by_medium().get("CPU"))
     assert feed.resets == 0
-    assert feed.index.match(array("I", second), "") == len(second) // BLOCK * BLOCK
+    assert feed.match(array("I", second), "") == len(second) // BLOCK * BLOCK
     await publisher.remove(hashes)
-    await cluster.settle(lambda: feed.index.match(array("I", second), "") == 0)
+    await cluster.settle(lambda: feed.match(array("I", second), "") == 0)
     # GPU removal of the first prompt's blocks leaves the CPU copies: still a (slower) hit.
     await publisher.remove(publisher.block_hashes(first), medium="GPU")
-    await cluster.settle(lambda: "GPU" not in feed.index.blocks_by_medium())
-    assert feed.index.match(array("I", first), "") > 0
+    await cluster.settle(lambda: "GPU" not in feed.blocks_by_medium())
+    assert feed.match(array("I", first), "") > 0
     await publisher.clear()
-    await cluster.settle(lambda: feed.index.blocks == 0)
+    await cluster.settle(lambda: feed.blocks == 0)
 
 
 async def test_a_gap_the_engine_can_no_longer_replay_resets_the_index(cluster: Cluster) -> None:
     publisher, feed = cluster.publishers[0], cluster.worker(0).kv_events
     assert feed is not None
     await publisher.store(await cluster.tokens(SYSTEM, "one"))
-    await cluster.settle(lambda: feed.index.blocks > 0)
+    await cluster.settle(lambda: feed.blocks > 0)
     await publisher.store(await cluster.tokens(SYSTEM, "two"), drop=True)
     publisher.forget_buffer()
     await publisher.store(await cluster.tokens(FRESH, "three"))
     await cluster.settle(lambda: feed.resets == 1)
-    assert feed.index.match(array("I", await cluster.tokens(SYSTEM, "one")), "") == 0
+    assert feed.match(array("I", await cluster.tokens(SYSTEM, "one")), "") == 0
 
 
 async def test_when_events_stop_the_approximate_tree_routes(tmp_path: Path) -> None:
@@ -210,7 +210,8 @@ async def test_an_engine_that_restarts_numbering_afresh_starts_the_index_over(cl
     await publisher.store(await cluster.tokens(SYSTEM, "one"))
     for _ in range(5):
         await publisher.store(await cluster.tokens(OTHER, "two"))
-    await cluster.settle(lambda: feed.last_seq is not None and feed.last_seq >= 5)
+    stream = feed.streams[0]
+    await cluster.settle(lambda: stream.last_seq is not None and stream.last_seq >= 5)
     await publisher.close()  # the engine restarts on the same sockets, its sequence from 0
     endpoint, replay = feed.spec.endpoint, feed.spec.replay_endpoint
     fresh = KvEventPublisher(endpoint, replay, block_size=BLOCK, encoding=publisher.encoding)
@@ -220,7 +221,7 @@ async def test_an_engine_that_restarts_numbering_afresh_starts_the_index_over(cl
     for _ in range(60):  # until the subscriber has reconnected (a few tries)
         await fresh.store(tokens)
         await asyncio.sleep(0.05)
-        if feed.index.match(array("I", tokens), "") > 0:
+        if feed.match(array("I", tokens), "") > 0:
             break
-    assert feed.index.match(array("I", tokens), "") > 0, "the fresh numbering was never applied"
-    assert feed.resets == 0 and feed.index.match(array("I", await cluster.tokens(SYSTEM, "one")), "") == 0
+    assert feed.match(array("I", tokens), "") > 0, "the fresh numbering was never applied"
+    assert feed.resets == 0 and feed.match(array("I", await cluster.tokens(SYSTEM, "one")), "") == 0
