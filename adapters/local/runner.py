@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from adapters.local.attention import (
+    GATHER_MAX_BYTES,
+    VIEW_MIN_TOKENS,
     DecodePlan,
     GatheredRows,
     PageRun,
@@ -135,8 +137,8 @@ class ModelRunner:
     def _decode_plan(self, contexts: list[list[PageRun]]) -> DecodePlan:
         """Decode rows with their contexts (page runs). A prefix shared from the cache (or by one
         sequence's verification rows) becomes one run that all its rows attend to in a single
-        call; long runs of a sequence's own are attended in place, one call each; the short rest
-        of every row is gathered into one padded call."""
+        call; what each row of a multi-row step has on its own is gathered into one padded call
+        (up to `GATHER_MAX_BYTES`; longer rows, and a lone row's long runs, are read in place)."""
         ps = self.page_size
         if self.model.kernel_attends(self.pool):
             return DecodePlan(
@@ -156,28 +158,65 @@ class ModelRunner:
                 for i in members:
                     skip[i] = common
         parts = [int(t > 0) for t in skip]
-        gather: list[tuple[int, list[int], int]] = []
-        for i, context in enumerate(contexts):
-            own, rest, rest_tokens = split_run_list(_drop_front(context, skip[i], ps), ps)
-            runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
-            parts[i] += len(own) + bool(rest)
-            if rest:
-                gather.append((i, rest, rest_tokens))
-        gathered = self._gather(gather) if gather else None
-        return DecodePlan(count=len(contexts), runs=runs, gathered=gathered, merge=max(parts) > 1)
+        own = [_drop_front(context, skip[i], ps) for i, context in enumerate(contexts)]
+        gathered = self._gathered_rows(own) if len(contexts) > 1 else set()
+        gather: list[tuple[int, list[PageRun]]] = []
+        for i, row_runs in enumerate(own):
+            if i in gathered:
+                short = row_runs
+            else:  # long runs in place, one call each; the short rest joins the padded block
+                long = [run for run in row_runs if run.tokens >= VIEW_MIN_TOKENS]
+                runs.extend(SharedRun(run, torch.tensor([i])) for run in long)
+                parts[i] += len(long)
+                short = [run for run in row_runs if run.tokens < VIEW_MIN_TOKENS]
+            if short:
+                gather.append((i, short))
+                parts[i] += 1
+        block = self._gather(gather) if gather else None
+        return DecodePlan(count=len(contexts), runs=runs, gathered=block, merge=max(parts) > 1)
 
-    def _gather(self, rows: list[tuple[int, list[int], int]]) -> GatheredRows:
+    def _gathered_rows(self, own: list[list[PageRun]]) -> set[int]:
+        """The rows whose whole own context goes into the padded block: the shortest first, while
+        the block's K and V stay within `GATHER_MAX_BYTES`."""
         ps = self.page_size
-        widest = max(len(pages) for _, pages, _ in rows)
-        table = [pages + [pages[0]] * (widest - len(pages)) for _, pages, _ in rows]
-        lengths = torch.tensor([tokens for _, _, tokens in rows])
-        visible = torch.arange(widest * ps)[None, :] < lengths[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, float("-inf"))
+        kv_heads, dim = self.pool.k.shape[3:]
+        token_bytes = 2 * kv_heads * dim * self.pool.k.element_size()  # K and V of one slot, one layer
+        pages = sorted((sum(_pages(run, ps) for run in runs), i) for i, runs in enumerate(own) if runs)
+        chosen: set[int] = set()
+        for count, (widest, i) in enumerate(pages, start=1):
+            if count * widest * ps * token_bytes > GATHER_MAX_BYTES:
+                break
+            chosen.add(i)
+        return chosen
+
+    def _gather(self, rows: list[tuple[int, list[PageRun]]]) -> GatheredRows:
+        """Rows' runs copied into one padded block: the runs' pages, and a mask showing only
+        their tokens (a window's oldest page is partly hidden, its sinks' page partly filled)."""
+        ps = self.page_size
+        tables = [_run_pages(runs, ps) for _, runs in rows]
+        widest = max(len(table) for table in tables)
+        mask = torch.full((len(rows), widest * ps), float("-inf"), dtype=self.pool.k.dtype)
+        for number, (_, runs) in enumerate(rows):
+            offset = 0
+            for run in runs:
+                mask[number, offset + run.skip : offset + run.skip + run.tokens] = 0
+                offset += _pages(run, ps) * ps
+        padded = [table + [table[0]] * (widest - len(table)) for table in tables]
         return GatheredRows(
-            rows=torch.tensor([i for i, _, _ in rows]),
-            pages=torch.tensor(table, dtype=torch.long),
+            rows=torch.tensor([i for i, _ in rows]),
+            pages=torch.tensor(padded, dtype=torch.long),
             mask=mask[:, None, None, :],
         )
+
+
+def _run_pages(runs: list[PageRun], page_size: int) -> list[int]:
+    """The page ids `runs` span, in order."""
+    return [page for run in runs for page in range(run.first_page, run.first_page + _pages(run, page_size))]
+
+
+def _pages(run: PageRun, page_size: int) -> int:
+    """Pages `run` spans (its first page's hidden slots included)."""
+    return -(-(run.skip + run.tokens) // page_size)
 
 
 def _drop_front(runs: list[PageRun], tokens: int, page_size: int) -> list[PageRun]:
