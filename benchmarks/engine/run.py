@@ -1,6 +1,7 @@
 """The embedded engine against `transformers` and llama.cpp (where `llama-cpp-python`, the optional
-`bench` extra, is installed), side by side in one process: same model (the GGUF), same prompts,
-same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
+`bench` extra, is installed), side by side (`transformers` in a process of its own: see
+`reference_process`): same model (the GGUF), same prompts, same thread count. Prints a markdown
+table and writes JSON to benchmarks/engine/out/.
 
     .venv/bin/python -m benchmarks.engine.run --threads 2
     .venv/bin/python -m benchmarks.engine.run --threads 2 --only prefill decode   # a subset
@@ -36,16 +37,15 @@ from adapters.local import LocalEngine, LocalEngineConfig
 from adapters.local.config import default_model_path
 from adapters.local.kv_pool import dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
+from benchmarks.engine.reference_process import ReferenceProcess
+from benchmarks.engine.run_table import table
 from benchmarks.engine.workloads import (
-    Timed,
+    decode_phase_tok_s,
     llama_cpp,
     llama_cpp_cpu,
     load_llama_cpp,
     ours,
     per_token_ms,
-    reference,
-    reference_forward_s,
-    reference_suffix_ttft,
     token_ids,
 )
 
@@ -90,7 +90,7 @@ def main() -> None:
         kv_dtype=args.kv_dtype,
     )
     loaded = _load_off_main(config)
-    reference_model = _load_reference() if only & {"prefill", "decode"} else None
+    reference_model = ReferenceProcess(args.threads) if only & {"prefill", "decode"} else None
     llama = None
     if only & {"prefill", "decode"}:
         llama = load_llama_cpp(default_model_path(), args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
@@ -113,9 +113,11 @@ def main() -> None:
     }
     if "prefill" in only:
         _progress("prefill")
+        assert reference_model is not None  # loaded for this section
         results["prefill"] = _prefill(loaded, config, reference_model, llama, args.reps)
     if "decode" in only:
         _progress("decode")
+        assert reference_model is not None
         results["decode"] = _decode(loaded, config, reference_model, llama, args.reps)
     if "concurrency" in only:
         _progress("concurrency")
@@ -126,6 +128,8 @@ def main() -> None:
     if "memory" in only:
         _progress("memory")
         results["memory"] = _memory(args.threads, args.no_c_kernels)
+    if reference_model is not None:
+        reference_model.close()
     results["load_average"] = {"start": load_before, "end": os.getloadavg()}
     results["elapsed_s"] = round(time.time() - started, 1)
     OUT_DIR.mkdir(exist_ok=True)
@@ -133,7 +137,7 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=2))
     used = results["config"]
     print(f"torch {used['cpu_capability']} code, KV {used['kv_dtype']}; llama.cpp: {used['llama_cpp_cpu']}")
-    print(_table(results))
+    print(table(results))
     print(f"\nraw results: {out}")
 
 
@@ -157,18 +161,8 @@ def _engine(loaded: LoadedModel, config: LocalEngineConfig, **overrides: Any) ->
     return engine
 
 
-def _load_reference() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    return model.eval()
-
-
 def _prefill(
-    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+    loaded: LoadedModel, config: LocalEngineConfig, model: ReferenceProcess, llama: Any, reps: int
 ) -> dict[str, Any]:
     cold_engine = _engine(loaded, config, radix_cache=False)
     cached_engine = _engine(loaded, config)
@@ -179,14 +173,14 @@ def _prefill(
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=rep)
         ours_cold.append(ours(cold_engine, [prompt], 1)[1][0].first_token_s)
-        theirs_cold.append(reference(model, prompt, 1).first_token_s)
-        theirs_forward.append(reference_forward_s(model, prompt))
+        theirs_cold.append(model.generate(prompt, 1).first_token_s)
+        theirs_forward.append(model.forward_s(prompt))
         if llama is not None:
             llama_cold.append(llama_cpp(llama, prompt, 1).first_token_s)
         question = token_ids(QUESTION_TOKENS, seed=300 + rep)
         timed = ours(cached_engine, [prefix + question], 1)[1][0]
         ours_cached.append(timed.first_token_s)
-        theirs_cached.append(reference_suffix_ttft(model, prefix, question))
+        theirs_cached.append(model.suffix_ttft(prefix, question))
     cold_engine.close_sync()
     cached_engine.close_sync()
     ours_s, theirs_s, forward_s, cached_s = (
@@ -220,7 +214,7 @@ def _prefill(
 
 
 def _decode(
-    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+    loaded: LoadedModel, config: LocalEngineConfig, model: ReferenceProcess, llama: Any, reps: int
 ) -> dict[str, Any]:
     # Alternating repetitions, median of each: on a shared machine load comes and goes, and
     # measuring one engine right after the other would give the difference to whichever ran quieter.
@@ -229,7 +223,7 @@ def _decode(
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=400 + rep)
         ours_samples.append(per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0]))
-        theirs_samples.append(per_token_ms(reference(model, prompt, DECODE_TOKENS)))
+        theirs_samples.append(per_token_ms(model.generate(prompt, DECODE_TOKENS)))
         if llama is not None:
             llama_samples.append(per_token_ms(llama_cpp(llama, prompt, DECODE_TOKENS)))
     engine.close_sync()
@@ -257,10 +251,10 @@ def _concurrency(loaded: LoadedModel, config: LocalEngineConfig, reps: int) -> d
     for _ in range(reps):
         seconds, timed = ours(engine, prompts[:1], STREAM_TOKENS)
         singles.append(STREAM_TOKENS / seconds)
-        single_decodes.append(_decode_phase_tok_s(timed))
+        single_decodes.append(decode_phase_tok_s(timed))
         seconds, timed = ours(engine, prompts, STREAM_TOKENS)
         manys.append(STREAMS * STREAM_TOKENS / seconds)
-        many_decodes.append(_decode_phase_tok_s(timed))
+        many_decodes.append(decode_phase_tok_s(timed))
         last_firsts.append(max(t.first_token_s for t in timed))
     engine.close_sync()
     single, many = statistics.median(singles), statistics.median(manys)
@@ -280,14 +274,6 @@ def _concurrency(loaded: LoadedModel, config: LocalEngineConfig, reps: int) -> d
             "aggregate_samples": many_decodes,
         },
     }
-
-
-def _decode_phase_tok_s(timed: list[Timed]) -> float:
-    """Tokens per second of the streams after the last of them got its first token."""
-    begin = max(t.first_token_s for t in timed)
-    end = max(t.seconds for t in timed)
-    tokens = sum(1 for t in timed for at in t.token_times if at > begin)
-    return tokens / (end - begin)
 
 
 def _few_shot(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
@@ -335,103 +321,6 @@ def _machine(threads: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-
-
-def _table(r: dict[str, Any]) -> str:
-    rows: list[tuple[str, str, str, str]] = []
-    if "prefill" in r:
-        p = r["prefill"]
-        cold, rate = p["cold_ttft_s"], p["prefill_tok_s"]
-        rows += [
-            (
-                "cold prefill 2,176 tok: TTFT",
-                f"{cold['ours']:.2f} s",
-                f"{cold['transformers_generate']:.2f} s generate"
-                f" / {cold['transformers_forward']:.2f} s forward",
-                "",
-            ),
-            (
-                "prefill tokens/s",
-                f"{rate['ours']:.0f}",
-                f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
-                f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
-            ),
-            *(
-                [
-                    (
-                        "cold prefill vs llama.cpp",
-                        f"{cold['ours']:.2f} s",
-                        f"llama.cpp {p['llama_cpp']['cold_ttft_s']:.2f} s",
-                        f"{p['llama_cpp']['prefill_speedup']:.2f}x faster (>= 1.5x)",
-                    )
-                ]
-                if "llama_cpp" in p
-                else []
-            ),
-            (
-                "TTFT, 2,048 cached + 128 new",
-                f"{p['cached_ttft_s']['ours']:.2f} s",
-                f"{p['cached_ttft_s']['transformers_reused_kv']:.2f} s (KV reused by hand)",
-                f"{p['cached_over_cold']:.3f} of cold (<= 0.1)",
-            ),
-        ]
-    if "decode" in r:
-        d = r["decode"]
-        rows.append(
-            (
-                "decode ms/token at 2.2k context",
-                f"{d['ms_per_token']['ours']:.1f}",
-                f"{d['ms_per_token']['transformers']:.1f} (generate)",
-                f"{d['ratio']:.2f}x (<= 0.5x)",
-            )
-        )
-        if "llama_cpp" in d:
-            rows.append(
-                (
-                    "decode vs llama.cpp",
-                    f"{d['ms_per_token']['ours']:.1f}",
-                    f"llama.cpp {d['llama_cpp']['ms_per_token']:.1f}",
-                    f"{d['llama_cpp']['ratio']:.2f}x (<= 1x)",
-                )
-            )
-    if "concurrency" in r:
-        c = r["concurrency"]
-        rows.append(
-            (
-                "16 streams, aggregate tok/s",
-                f"{c['aggregate_tok_s']:.1f} (1 stream: {c['single_tok_s']:.1f})",
-                "",
-                f"{c['ratio']:.2f}x (>= 4x)",
-            )
-        )
-        phase = c["decode_phase"]
-        rows.append(
-            (
-                "16 streams, decode phase tok/s (after the last first token)",
-                f"{phase['aggregate_tok_s']:.1f} (1 stream: {phase['single_tok_s']:.1f})",
-                f"last first token {phase['last_first_token_s']:.2f} s",
-                f"{phase['ratio']:.2f}x",
-            )
-        )
-    if "few_shot" in r:
-        f = r["few_shot"]
-        rows.append(
-            (
-                "few-shot 8 x 8, tok/s",
-                f"{f['radix']['tok_s']:.1f} radix / {f['no_radix']['tok_s']:.1f} no radix",
-                "",
-                f"{f['ratio']:.2f}x (>= 3x)",
-            )
-        )
-    if "memory" in r:
-        m, mb = r["memory"], 2**20
-        limit = (m["weights_bytes"] + m["kv_pool_bytes"]) / mb + 300
-        rows.append(
-            ("peak RSS, 16 x 4,096 tokens", f"{m['peak_rss_bytes'] / mb:.0f} MB", "", f"limit {limit:.0f} MB")
-        )
-    lines = ["| measurement | radixgate local | baseline | ratio (floor) |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c_} | {e} |" for a, b, c_, e in rows]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
