@@ -1,16 +1,17 @@
-"""`transformers`, the reference engine, in a process of its own, called over a pipe.
+"""The baselines, `transformers` and llama.cpp, each in a process of its own, called over a pipe.
 
 torch's OpenMP runtime (libgomp) keeps one thread team per thread that ran parallel work, and
 while the process's teams hold more threads than the host has cores, their threads stop spinning
 between parallel regions and sleep instead, so every region pays a wake-up. `transformers` on the
 benchmark's main thread beside the engine thread (2 teams of 2 on 2 cores) slowed the engine's
 small-op steps 1.4-1.7x and its cached-prefix TTFT 1.2-1.4x (2026-12-02, 2 cores). `make serve`
-has one team (the engine thread's); in its own process each engine has one.
-llama.cpp's threads are its own runtime's and stay in the benchmark process.
+has one team (the engine thread's); in its own process each engine has one. llama.cpp's OpenMP
+threads share that runtime: `llama-cpp-python` loads `libgomp.so.1`, which torch has loaded already.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -18,9 +19,17 @@ from typing import Any
 import torch
 
 from adapters.local.config import default_model_path
-from benchmarks.engine.workloads import Timed, reference, reference_forward_s, reference_suffix_ttft
+from benchmarks.engine.workloads import (
+    Timed,
+    llama_cpp,
+    llama_cpp_cpu,
+    load_llama_cpp,
+    reference,
+    reference_forward_s,
+    reference_suffix_ttft,
+)
 
-_model: Any = None  # the child's model, loaded once by `_load`
+_model: Any = None  # the child's model, loaded once by `_load` or `_load_llama`
 
 
 class ReferenceProcess:
@@ -45,6 +54,43 @@ class ReferenceProcess:
 
     def close(self) -> None:
         self._pool.shutdown()
+
+
+class LlamaProcess:
+    """`workloads.llama_cpp` on llama.cpp loaded in a child process (`LLAMA_CPP_LIB_PATH` holds)."""
+
+    def __init__(self, threads: int, context: int) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(
+            1, mp_context=spawn, initializer=_load_llama, initargs=(threads, context)
+        )
+        self.cpu = self._pool.submit(_llama_cpu).result()
+        """The instruction sets the child's llama.cpp was built for (`workloads.llama_cpp_cpu`)."""
+
+    @staticmethod
+    def installed() -> bool:
+        """Whether `llama-cpp-python` (the `bench` extra) is installed."""
+        return importlib.util.find_spec("llama_cpp") is not None
+
+    def generate(self, prompt: list[int], max_tokens: int) -> Timed:
+        """`workloads.llama_cpp`: greedy decoding from an empty cache, each token timed."""
+        return self._pool.submit(_llama_generate, prompt, max_tokens).result()
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def _load_llama(threads: int, context: int) -> None:
+    global _model
+    _model = load_llama_cpp(default_model_path(), threads, context)
+
+
+def _llama_cpu() -> str:
+    return llama_cpp_cpu()
+
+
+def _llama_generate(prompt: list[int], max_tokens: int) -> Timed:
+    return llama_cpp(_model, prompt, max_tokens)
 
 
 def _load(threads: int) -> None:

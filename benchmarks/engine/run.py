@@ -1,5 +1,5 @@
 """The embedded engine against `transformers` and llama.cpp (where `llama-cpp-python`, the optional
-`bench` extra, is installed), side by side (`transformers` in a process of its own: see
+`bench` extra, is installed), side by side (each baseline in a process of its own: see
 `reference_process`): same model (the GGUF), same prompts, same thread count. Prints a markdown
 table and writes JSON to benchmarks/engine/out/.
 
@@ -34,16 +34,12 @@ from typing import Any
 import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.config import default_model_path
 from adapters.local.kv_pool import dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
-from benchmarks.engine.reference_process import ReferenceProcess
+from benchmarks.engine.reference_process import LlamaProcess, ReferenceProcess
 from benchmarks.engine.run_table import table
 from benchmarks.engine.workloads import (
     decode_phase_tok_s,
-    llama_cpp,
-    llama_cpp_cpu,
-    load_llama_cpp,
     ours,
     per_token_ms,
     token_ids,
@@ -93,8 +89,9 @@ def main() -> None:
     reference_model = ReferenceProcess(args.threads) if only & {"prefill", "decode"} else None
     llama = None
     if only & {"prefill", "decode"}:
-        llama = load_llama_cpp(default_model_path(), args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
-        if llama is None:
+        if LlamaProcess.installed():
+            llama = LlamaProcess(args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
+        else:
             print("llama-cpp-python is not installed (pip install -e '.[bench]'): no llama.cpp column")
     results: dict[str, Any] = {
         "machine": _machine(args.threads),
@@ -108,7 +105,7 @@ def main() -> None:
             "decode_weights": config.decode_weights,
             "kv_dtype": dtype_name(kv_dtype(config.kv_dtype, loaded.model.dtype, loaded.model.serves_packed)),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "llama_cpp_cpu": llama_cpp_cpu() if llama is not None else None,
+            "llama_cpp_cpu": llama.cpu if llama is not None else None,
         },
     }
     if "prefill" in only:
@@ -128,8 +125,9 @@ def main() -> None:
     if "memory" in only:
         _progress("memory")
         results["memory"] = _memory(args.threads, args.no_c_kernels)
-    if reference_model is not None:
-        reference_model.close()
+    for baseline in (reference_model, llama):
+        if baseline is not None:
+            baseline.close()
     results["load_average"] = {"start": load_before, "end": os.getloadavg()}
     results["elapsed_s"] = round(time.time() - started, 1)
     OUT_DIR.mkdir(exist_ok=True)
@@ -149,8 +147,8 @@ def _load_off_main(config: LocalEngineConfig) -> LoadedModel:
     """`load_model` on a thread that then ends, as `LocalEngine.start` loads: torch's OpenMP
     (libgomp) keeps a thread team per thread that ran parallel work, and while two teams hold more
     threads than the host has cores its threads stop spinning between regions, which slowed the
-    engine thread's steps 1.4-1.7x (2 cores; a team dies with its thread). The baselines of the
-    prefill and decode sections run on the main thread, so there the engine runs beside their team."""
+    engine thread's steps 1.4-1.7x (2 cores; a team dies with its thread). So the baselines run in
+    processes of their own (`reference_process`) and a timed section keeps one engine at a time."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(load_model, config).result()
 
@@ -162,27 +160,31 @@ def _engine(loaded: LoadedModel, config: LocalEngineConfig, **overrides: Any) ->
 
 
 def _prefill(
-    loaded: LoadedModel, config: LocalEngineConfig, model: ReferenceProcess, llama: Any, reps: int
+    loaded: LoadedModel,
+    config: LocalEngineConfig,
+    model: ReferenceProcess,
+    llama: LlamaProcess | None,
+    reps: int,
 ) -> dict[str, Any]:
-    cold_engine = _engine(loaded, config, radix_cache=False)
-    cached_engine = _engine(loaded, config)
+    # One engine (a second engine thread's OpenMP team would throttle both, see `_load_off_main`);
+    # the cold prompts are fresh random ids, so its radix cache misses them whole.
+    engine = _engine(loaded, config)
     ours_cold, theirs_cold, theirs_forward, ours_cached, theirs_cached = [], [], [], [], []
     llama_cold: list[float] = []
     prefix = token_ids(PREFIX_TOKENS, seed=100)
-    ours(cached_engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
+    ours(engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=rep)
-        ours_cold.append(ours(cold_engine, [prompt], 1)[1][0].first_token_s)
+        ours_cold.append(ours(engine, [prompt], 1)[1][0].first_token_s)
         theirs_cold.append(model.generate(prompt, 1).first_token_s)
         theirs_forward.append(model.forward_s(prompt))
         if llama is not None:
-            llama_cold.append(llama_cpp(llama, prompt, 1).first_token_s)
+            llama_cold.append(llama.generate(prompt, 1).first_token_s)
         question = token_ids(QUESTION_TOKENS, seed=300 + rep)
-        timed = ours(cached_engine, [prefix + question], 1)[1][0]
+        timed = ours(engine, [prefix + question], 1)[1][0]
         ours_cached.append(timed.first_token_s)
         theirs_cached.append(model.suffix_ttft(prefix, question))
-    cold_engine.close_sync()
-    cached_engine.close_sync()
+    engine.close_sync()
     ours_s, theirs_s, forward_s, cached_s = (
         statistics.median(v) for v in (ours_cold, theirs_cold, theirs_forward, ours_cached)
     )
@@ -214,7 +216,11 @@ def _prefill(
 
 
 def _decode(
-    loaded: LoadedModel, config: LocalEngineConfig, model: ReferenceProcess, llama: Any, reps: int
+    loaded: LoadedModel,
+    config: LocalEngineConfig,
+    model: ReferenceProcess,
+    llama: LlamaProcess | None,
+    reps: int,
 ) -> dict[str, Any]:
     # Alternating repetitions, median of each: on a shared machine load comes and goes, and
     # measuring one engine right after the other would give the difference to whichever ran quieter.
@@ -225,7 +231,7 @@ def _decode(
         ours_samples.append(per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0]))
         theirs_samples.append(per_token_ms(model.generate(prompt, DECODE_TOKENS)))
         if llama is not None:
-            llama_samples.append(per_token_ms(llama_cpp(llama, prompt, DECODE_TOKENS)))
+            llama_samples.append(per_token_ms(llama.generate(prompt, DECODE_TOKENS)))
     engine.close_sync()
     ours_ms, theirs_ms = statistics.median(ours_samples), statistics.median(theirs_samples)
     out: dict[str, Any] = {

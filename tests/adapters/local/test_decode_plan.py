@@ -38,7 +38,9 @@ def dense(runner: ModelRunner, q: torch.Tensor, runs: list[PageRun]) -> torch.Te
     return out.reshape(-1)
 
 
-def answers(runner: ModelRunner, contexts: list[list[PageRun]]) -> tuple[DecodePlan, torch.Tensor, torch.Tensor]:
+def answers(
+    runner: ModelRunner, contexts: list[list[PageRun]]
+) -> tuple[DecodePlan, torch.Tensor, torch.Tensor]:
     """The plan, its attention outputs and the dense ones, for random queries."""
     spec = runner.model.spec
     plan = runner._decode_plan(contexts)
