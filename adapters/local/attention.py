@@ -62,14 +62,21 @@ class SharedRun:
 
 @dataclass(slots=True)
 class GatheredRows:
-    """Per-row contexts copied into one padded block: one call instead of one per row."""
+    """Per-row contexts copied into one padded block: one call instead of one per row. A block row
+    holds one context and the queries of the decode rows that attend to it (a sequence's next
+    token and its draft tokens, each seeing its own prefix of the context)."""
 
     rows: torch.Tensor
+    """`[blocks]` (one query each), or `[blocks, queries]`: the decode rows of each block's
+    queries, a short list padded with its first row (outputs dropped by `kept`)."""
     pages: torch.Tensor
-    """`[rows, max_pages]` page ids, short rows padded with any valid page."""
+    """`[blocks, max_pages]` page ids, short rows padded with any valid page."""
     mask: torch.Tensor
-    """`[rows, 1, 1, max_pages * page_size]` additive mask in the pool's dtype: 0 on a row's
-    tokens, -inf on padding and on slots its runs skip."""
+    """`[blocks, 1, 1 or queries * groups, max_pages * page_size]` additive mask in the pool's
+    dtype: 0 on the tokens a query sees, -inf on padding, on slots its runs skip and past its own
+    position (a query's grouped heads are consecutive, as `decode_attention` folds them)."""
+    kept: torch.Tensor | None = None
+    """Positions in `rows.view(-1)` of the real queries, in ascending row order; None: all."""
 
 
 @dataclass(slots=True)
@@ -170,18 +177,17 @@ def decode_attention(
         # selecting, scattering or merging; rows of a run are in ascending order.
         o, _ = _run_attention(q, k_pages, v_pages, plan.runs[0].run)
         return o.reshape(count, heads * dim)
-    if not plan.merge and not plan.runs and plan.gathered is not None and len(plan.gathered.rows) == count:
-        # Every row in the padded block, in order (`GatheredRows.rows` ascends): one call, as is.
-        o, _ = _gathered_attention(q, k_pages, v_pages, plan.gathered)
-        return o.reshape(count, heads * dim)
+    gathered = _gathered_attention(q, k_pages, v_pages, plan.gathered) if plan.gathered else None
+    if not plan.merge and not plan.runs and gathered is not None and len(gathered[0]) == count:
+        # Every row in the padded block, in ascending order (as the runner builds it): as is.
+        return gathered[1].reshape(count, heads * dim)
     parts = []
     for shared in plan.runs:
         rows = shared.rows
         o, lse = _run_attention(q.index_select(0, rows), k_pages, v_pages, shared.run)
         parts.append((rows, o, lse))
-    if plan.gathered is not None:
-        rows = plan.gathered.rows
-        parts.append((rows, *_gathered_attention(q.index_select(0, rows), k_pages, v_pages, plan.gathered)))
+    if gathered is not None:
+        parts.append(gathered)
     if not plan.merge:
         out = torch.empty(count, heads, dim, dtype=q.dtype)
         for rows, o, _ in parts:
@@ -321,16 +327,26 @@ def _scattered_attention(
 
 def _gathered_attention(
     q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, gathered: GatheredRows
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows `q` (`[r, heads, d]`) over their own padded contexts: (`[r, heads, d]`, `[r, heads]`)."""
-    r, heads, dim = q.shape
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block's queries (decode rows of `q`, `[count, heads, d]`) over their padded contexts:
+    (rows, `[rows, heads, d]`, `[rows, heads]`)."""
+    heads, dim = q.shape[1:]
     kv_heads = k_pages.shape[2]
+    groups = heads // kv_heads
+    table = gathered.rows if gathered.rows.dim() == 2 else gathered.rows[:, None]
+    blocks, queries = table.shape
     pages = gathered.pages.view(-1)
-    keys = k_pages.index_select(0, pages).view(r, -1, kv_heads, dim).transpose(1, 2)
-    values = v_pages.index_select(0, pages).view(r, -1, kv_heads, dim).transpose(1, 2)
-    folded = q.view(r, kv_heads, heads // kv_heads, dim)
+    keys = k_pages.index_select(0, pages).view(blocks, -1, kv_heads, dim).transpose(1, 2)
+    values = v_pages.index_select(0, pages).view(blocks, -1, kv_heads, dim).transpose(1, 2)
+    folded = q.index_select(0, table.view(-1)).view(blocks, queries, kv_heads, groups, dim)
+    folded = folded.transpose(1, 2).reshape(blocks, kv_heads, queries * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False, mask=gathered.mask)
-    return o.reshape(r, heads, dim), lse.reshape(r, heads)
+    o = o.view(blocks, kv_heads, queries, groups, dim).transpose(1, 2).reshape(-1, heads, dim)
+    lse = lse.view(blocks, kv_heads, queries, groups).transpose(1, 2).reshape(-1, heads)
+    rows = table.view(-1)
+    if gathered.kept is not None:
+        rows, o, lse = rows[gathered.kept], o[gathered.kept], lse[gathered.kept]
+    return rows, o, lse
 
 
 def _merge(count: int, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:

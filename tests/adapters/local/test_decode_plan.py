@@ -39,11 +39,11 @@ def dense(runner: ModelRunner, q: torch.Tensor, runs: list[PageRun]) -> torch.Te
 
 
 def answers(
-    runner: ModelRunner, contexts: list[list[PageRun]]
+    runner: ModelRunner, contexts: list[list[PageRun]], sizes: list[int] | None = None
 ) -> tuple[DecodePlan, torch.Tensor, torch.Tensor]:
-    """The plan, its attention outputs and the dense ones, for random queries."""
+    """The plan (`sizes`: rows of each sequence), its attention outputs and the dense ones."""
     spec = runner.model.spec
-    plan = runner._decode_plan(contexts)
+    plan = runner._decode_plan(contexts, sizes)
     q = torch.randn(len(contexts), spec.num_heads, spec.head_dim, generator=torch.Generator().manual_seed(1))
     out = decode_attention(q, runner.pool.k[0], runner.pool.v[0], plan)
     expected = torch.stack([dense(runner, q[i], runs) for i, runs in enumerate(contexts)])
@@ -85,4 +85,19 @@ def test_rows_past_the_copy_budget_and_a_lone_row_read_long_runs_in_place(
     # Only the shortest row fits whole; the next keeps its long runs (none) in place, its rest gathered.
     assert [(s.run, s.rows.tolist()) for s in plan.runs] == [(PageRun(0, 300), [0])]
     assert plan.gathered is not None and plan.gathered.rows.tolist() == [1, 2] and not plan.merge
+    assert torch.allclose(out, expected, atol=2e-3)
+
+
+def test_a_sequences_draft_rows_are_queries_of_one_block(runner: ModelRunner) -> None:
+    # A sequence verifying two drafts (three rows, each seeing up to its own position), another
+    # sequence's one row; then the same beside a sequence sharing the first one's first two pages.
+    drafts = [[PageRun(0, 40)], [PageRun(0, 41)], [PageRun(0, 42)]]
+    plan, out, expected = answers(runner, [*drafts, [PageRun(30, 20)]], [3, 1])
+    assert plan.runs == [] and plan.gathered is not None and not plan.merge
+    assert plan.gathered.rows.tolist() == [[0, 1, 2], [3, 3, 3]]
+    assert torch.allclose(out, expected, atol=2e-3)
+    plan, out, expected = answers(runner, [[PageRun(0, 32)], [PageRun(0, 33)], [PageRun(0, 45)]], [2, 1])
+    assert [(s.run, s.rows.tolist()) for s in plan.runs] == [(PageRun(0, 32), [0, 1, 2])]
+    assert plan.gathered is not None and plan.merge
+    assert plan.gathered.rows.tolist() == [1, 2]  # the first row's context ends with the shared run
     assert torch.allclose(out, expected, atol=2e-3)
