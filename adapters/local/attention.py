@@ -5,9 +5,10 @@ allocated itself). Attention over each run is a flash-attention call on a view o
 partial results are merged by their log-sum-exps, which is exact up to rounding. So:
 
 - decoding sequences that share a cached prefix read it once per step, as one call whose queries
-  are all of theirs (cascade attention, as FlashInfer does on GPUs); what each row of a multi-row
-  step has on its own is copied into one padded, masked block for a single call (`GATHER_MAX_BYTES`:
-  a call per row costs more than the copy); a lone row's long runs stay views;
+  are all of theirs (cascade attention, as FlashInfer does on GPUs); what each sequence of a
+  multi-row step has on its own is copied into one padded, masked block for a single call, its
+  draft rows as queries of its block row (`GATHER_MAX_BYTES`: a call per row costs more than the
+  copy); a lone row's long runs stay views;
 - a prefill chunk attends over its prefix (everything visible: long runs in place, short ones
   copied into one block) and over itself (causal), never computing the scores a bottom-right
   mask would throw away.

@@ -4,8 +4,9 @@ Rows are packed decode-first: one row per decoding sequence (plus one per draft 
 verifies, each a decode row of its own whose context ends at its own position: the K/V of the
 whole row group is written before anyone attends), then each prefill chunk's tokens. Decode rows
 and chunks that finish their prompt ask for logits. The runner also plans
-attention from the page tables (see `attention`): which runs of pages are read in place, which
-are shared by several decoding sequences, and which short ones are copied into one block.
+attention from the page tables (see `attention`): which runs of pages are shared by several
+decoding sequences (read once), what each sequence has on its own (copied into one padded block,
+its rows the queries of its block row), and what is read in place (a lone row's long runs).
 """
 
 from __future__ import annotations
