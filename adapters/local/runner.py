@@ -4,8 +4,9 @@ Rows are packed decode-first: one row per decoding sequence (plus one per draft 
 verifies, each a decode row of its own whose context ends at its own position: the K/V of the
 whole row group is written before anyone attends), then each prefill chunk's tokens. Decode rows
 and chunks that finish their prompt ask for logits. The runner also plans
-attention from the page tables (see `attention`): which runs of pages are read in place, which
-are shared by several decoding sequences, and which short ones are copied into one block.
+attention from the page tables (see `attention`): which runs of pages are shared by several
+decoding sequences (read once), what each sequence has on its own (copied into one padded block,
+its rows the queries of its block row), and what is read in place (a lone row's long runs).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from adapters.local.attention import (
+    GATHER_MAX_BYTES,
+    VIEW_MIN_TOKENS,
     DecodePlan,
     GatheredRows,
     PageRun,
@@ -74,6 +77,7 @@ class ModelRunner:
         sampled: list[Sequence] = []
         first_rows: list[int] = []
         contexts: list[list[PageRun]] = []  # the page runs each decode row attends to
+        sizes: list[int] = []  # decode rows of each decoding sequence, in order
 
         def place(seq: Sequence, pos: int, token: int) -> None:
             tokens.append(token)
@@ -93,6 +97,7 @@ class ModelRunner:
             first_rows.append(len(rows))
             sampled.append(seq)
             start = seq.num_computed
+            sizes.append(1 + len(seq.draft))
             # A sequence's draft tokens are verified as rows after its last one (a windowed
             # sequence has none: `EngineCore._enqueue`).
             for offset, token in enumerate([seq.tokens[start], *seq.draft]):
@@ -115,7 +120,7 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long),
             slots=torch.tensor(slots, dtype=torch.long),
             logit_rows=torch.tensor(rows, dtype=torch.long),
-            decode=self._decode_plan(contexts) if contexts else None,
+            decode=self._decode_plan(contexts, sizes) if contexts else None,
             prefills=prefills,
         )
         return batch, sampled, first_rows
@@ -132,52 +137,136 @@ class ModelRunner:
         scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
         return PrefixPlan(runs=runs, scattered=scattered)
 
-    def _decode_plan(self, contexts: list[list[PageRun]]) -> DecodePlan:
-        """Decode rows with their contexts (page runs). A prefix shared from the cache (or by one
-        sequence's verification rows) becomes one run that all its rows attend to in a single
-        call; long runs of a sequence's own are attended in place, one call each; the short rest
-        of every row is gathered into one padded call."""
+    def _decode_plan(self, contexts: list[list[PageRun]], sizes: list[int] | None = None) -> DecodePlan:
+        """Decode rows with their contexts (page runs); `sizes`: rows of each sequence, in order
+        (None: one each). A prefix several sequences share from the cache becomes one run that all
+        their rows attend to in a single call; in a step of several rows, each sequence's own
+        context goes into one padded call as one block whose queries are its rows (its next token
+        and its drafts), up to `GATHER_MAX_BYTES`. A lone row, and sequences past that budget,
+        read their long runs in place (a sequence's rows share one call for their common pages)."""
         ps = self.page_size
         if self.model.kernel_attends(self.pool):
             return DecodePlan(
                 count=len(contexts), runs=[], gathered=None, merge=False, segments=run_segments(contexts, ps)
             )
-        firsts = [context[0] for context in contexts]
+        groups: list[list[int]] = []  # each sequence's rows
+        for size in sizes or [1] * len(contexts):
+            first = sum(len(g) for g in groups)
+            groups.append(list(range(first, first + size)))
+        seq_of = [number for number, rows in enumerate(groups) for _ in rows]
         by_start: dict[int, list[int]] = defaultdict(list)
-        for i, run in enumerate(firsts):
-            by_start[run.first_page].append(i)
-        skip = [0] * len(contexts)  # tokens each sequence reads through a shared run
+        for i, context in enumerate(contexts):
+            by_start[context[0].first_page].append(i)
+        skip = [0] * len(contexts)  # tokens each row reads through a shared run
         runs: list[SharedRun] = []
+        own_only: dict[int, tuple[PageRun, list[int]]] = {}  # one sequence's common pages, by sequence
         for start, members in by_start.items():
             # The whole pages every member holds from this first page on are read once for all.
-            common = min(firsts[i].tokens for i in members) // ps * ps
-            if len(members) > 1 and common > 0:
+            common = min(contexts[i][0].tokens for i in members) // ps * ps
+            if len(members) < 2 or common == 0:
+                continue
+            if len({seq_of[i] for i in members}) > 1:
                 runs.append(SharedRun(PageRun(start, common), torch.tensor(members)))
                 for i in members:
                     skip[i] = common
+            else:
+                own_only[seq_of[members[0]]] = (PageRun(start, common), members)
+        chosen = self._gathered_seqs([_drop_front(contexts[g[-1]], skip[g[-1]], ps) for g in groups])
+        if len(contexts) == 1:
+            chosen = set()
         parts = [int(t > 0) for t in skip]
-        gather: list[tuple[int, list[int], int]] = []
-        for i, context in enumerate(contexts):
-            own, rest, rest_tokens = split_run_list(_drop_front(context, skip[i], ps), ps)
-            runs.extend(SharedRun(run, torch.tensor([i])) for run in own)
-            parts[i] += len(own) + bool(rest)
-            if rest:
-                gather.append((i, rest, rest_tokens))
-        gathered = self._gather(gather) if gather else None
-        return DecodePlan(count=len(contexts), runs=runs, gathered=gathered, merge=max(parts) > 1)
+        blocks: list[tuple[list[int], list[PageRun], list[int]]] = []  # (rows, runs, tokens each row sees)
+        for number, rows in enumerate(groups):
+            if number in chosen:
+                seen = [sum(run.tokens for run in _drop_front(contexts[i], skip[i], ps)) for i in rows]
+                # A row whose context ends where the shared run does reads nothing more.
+                queried = [(i, tokens) for i, tokens in zip(rows, seen, strict=True) if tokens]
+                blocks.append(
+                    (
+                        [i for i, _ in queried],
+                        _drop_front(contexts[rows[-1]], skip[rows[-1]], ps),
+                        [t for _, t in queried],
+                    )
+                )
+                for i, _ in queried:
+                    parts[i] += 1
+                continue
+            if number in own_only:  # past the budget: the sequence's rows share its common pages
+                run, members = own_only[number]
+                runs.append(SharedRun(run, torch.tensor(members)))
+                for i in members:
+                    skip[i], parts[i] = run.tokens, parts[i] + 1
+            for i in rows:  # long runs in place, one call each; the short rest joins the padded block
+                row_runs = _drop_front(contexts[i], skip[i], ps)
+                long = [run for run in row_runs if run.tokens >= VIEW_MIN_TOKENS]
+                runs.extend(SharedRun(run, torch.tensor([i])) for run in long)
+                short = [run for run in row_runs if run.tokens < VIEW_MIN_TOKENS]
+                parts[i] += len(long) + bool(short)
+                if short:
+                    blocks.append(([i], short, [sum(run.tokens for run in short)]))
+        block = self._gather(sorted(blocks, key=lambda b: b[0][0])) if blocks else None
+        return DecodePlan(count=len(contexts), runs=runs, gathered=block, merge=max(parts) > 1)
 
-    def _gather(self, rows: list[tuple[int, list[int], int]]) -> GatheredRows:
+    def _gathered_seqs(self, own: list[list[PageRun]]) -> set[int]:
+        """The sequences whose own context (`own`, by sequence) goes into the padded block: the
+        shortest first, while the block's K and V stay within `GATHER_MAX_BYTES`."""
         ps = self.page_size
-        widest = max(len(pages) for _, pages, _ in rows)
-        table = [pages + [pages[0]] * (widest - len(pages)) for _, pages, _ in rows]
-        lengths = torch.tensor([tokens for _, _, tokens in rows])
-        visible = torch.arange(widest * ps)[None, :] < lengths[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, float("-inf"))
+        kv_heads, dim = self.pool.k.shape[3:]
+        token_bytes = 2 * kv_heads * dim * self.pool.k.element_size()  # K and V of one slot, one layer
+        pages = sorted((sum(_pages(run, ps) for run in runs), i) for i, runs in enumerate(own) if runs)
+        chosen: set[int] = set()
+        for count, (widest, i) in enumerate(pages, start=1):
+            if count * widest * ps * token_bytes > GATHER_MAX_BYTES:
+                break
+            chosen.add(i)
+        return chosen
+
+    def _gather(self, blocks: list[tuple[list[int], list[PageRun], list[int]]]) -> GatheredRows:
+        """Blocks (rows, runs, tokens each row sees) copied into one padded block: the runs'
+        pages, and a mask showing each query only its tokens (a window's oldest page is partly
+        hidden, its sinks' page partly filled; a draft row sees up to its own position)."""
+        ps = self.page_size
+        tables = [_run_pages(runs, ps) for _, runs, _ in blocks]
+        widest = max(len(table) for table in tables)
+        visible = torch.zeros(len(blocks), widest * ps, dtype=torch.bool)
+        for number, (_, runs, _) in enumerate(blocks):
+            offset = 0
+            for run in runs:
+                visible[number, offset + run.skip : offset + run.skip + run.tokens] = True
+                offset += _pages(run, ps) * ps
+        queries = max(len(rows) for rows, _, _ in blocks)
+        padded = [table + [table[0]] * (widest - len(table)) for table in tables]
+        dtype = self.pool.k.dtype
+        if queries == 1:
+            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+            return GatheredRows(
+                rows=torch.tensor([rows[0] for rows, _, _ in blocks]),
+                pages=torch.tensor(padded, dtype=torch.long),
+                mask=mask[:, None, None, :],
+            )
+        seen = torch.tensor([tokens + tokens[:1] * (queries - len(tokens)) for _, _, tokens in blocks])
+        shown = visible[:, None, :] & (visible.cumsum(-1)[:, None, :] <= seen[:, :, None])
+        spec = self.model.spec
+        mask = torch.zeros(shown.shape, dtype=dtype).masked_fill_(~shown, float("-inf"))
+        mask = mask.repeat_interleave(spec.num_heads // spec.num_kv_heads, dim=1)
+        table = [rows + rows[:1] * (queries - len(rows)) for rows, _, _ in blocks]
+        kept = [b * queries + k for b, (rows, _, _) in enumerate(blocks) for k in range(len(rows))]
         return GatheredRows(
-            rows=torch.tensor([i for i, _, _ in rows]),
-            pages=torch.tensor(table, dtype=torch.long),
-            mask=mask[:, None, None, :],
+            rows=torch.tensor(table),
+            pages=torch.tensor(padded, dtype=torch.long),
+            mask=mask[:, None],
+            kept=torch.tensor(kept),
         )
+
+
+def _run_pages(runs: list[PageRun], page_size: int) -> list[int]:
+    """The page ids `runs` span, in order."""
+    return [page for run in runs for page in range(run.first_page, run.first_page + _pages(run, page_size))]
+
+
+def _pages(run: PageRun, page_size: int) -> int:
+    """Pages `run` spans (its first page's hidden slots included)."""
+    return -(-(run.skip + run.tokens) // page_size)
 
 
 def _drop_front(runs: list[PageRun], tokens: int, page_size: int) -> list[PageRun]:

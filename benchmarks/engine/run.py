@@ -1,6 +1,7 @@
 """The embedded engine against `transformers` and llama.cpp (where `llama-cpp-python`, the optional
-`bench` extra, is installed), side by side in one process: same model (the GGUF), same prompts,
-same thread count. Prints a markdown table and writes JSON to benchmarks/engine/out/.
+`bench` extra, is installed), side by side (each baseline in a process of its own: see
+`reference_process`): same model (the GGUF), same prompts, same thread count. Prints a markdown
+table and writes JSON to benchmarks/engine/out/.
 
     .venv/bin/python -m benchmarks.engine.run --threads 2
     .venv/bin/python -m benchmarks.engine.run --threads 2 --only prefill decode   # a subset
@@ -18,6 +19,7 @@ Sections (the issue's floors in brackets):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -32,18 +34,14 @@ from typing import Any
 import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.config import default_model_path
 from adapters.local.kv_pool import dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
+from benchmarks.engine.reference_process import LlamaProcess, ReferenceProcess
+from benchmarks.engine.run_table import table
 from benchmarks.engine.workloads import (
-    llama_cpp,
-    llama_cpp_cpu,
-    load_llama_cpp,
+    decode_phase_tok_s,
     ours,
     per_token_ms,
-    reference,
-    reference_forward_s,
-    reference_suffix_ttft,
     token_ids,
 )
 
@@ -87,12 +85,13 @@ def main() -> None:
         decode_weights=args.decode_weights,
         kv_dtype=args.kv_dtype,
     )
-    loaded = load_model(config)
-    reference_model = _load_reference() if only & {"prefill", "decode"} else None
+    loaded = _load_off_main(config)
+    reference_model = ReferenceProcess(args.threads) if only & {"prefill", "decode"} else None
     llama = None
     if only & {"prefill", "decode"}:
-        llama = load_llama_cpp(default_model_path(), args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
-        if llama is None:
+        if LlamaProcess.installed():
+            llama = LlamaProcess(args.threads, COLD_TOKENS + DECODE_TOKENS + 64)
+        else:
             print("llama-cpp-python is not installed (pip install -e '.[bench]'): no llama.cpp column")
     results: dict[str, Any] = {
         "machine": _machine(args.threads),
@@ -106,14 +105,16 @@ def main() -> None:
             "decode_weights": config.decode_weights,
             "kv_dtype": dtype_name(kv_dtype(config.kv_dtype, loaded.model.dtype, loaded.model.serves_packed)),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "llama_cpp_cpu": llama_cpp_cpu() if llama is not None else None,
+            "llama_cpp_cpu": llama.cpu if llama is not None else None,
         },
     }
     if "prefill" in only:
         _progress("prefill")
+        assert reference_model is not None  # loaded for this section
         results["prefill"] = _prefill(loaded, config, reference_model, llama, args.reps)
     if "decode" in only:
         _progress("decode")
+        assert reference_model is not None
         results["decode"] = _decode(loaded, config, reference_model, llama, args.reps)
     if "concurrency" in only:
         _progress("concurrency")
@@ -124,6 +125,9 @@ def main() -> None:
     if "memory" in only:
         _progress("memory")
         results["memory"] = _memory(args.threads, args.no_c_kernels)
+    for baseline in (reference_model, llama):
+        if baseline is not None:
+            baseline.close()
     results["load_average"] = {"start": load_before, "end": os.getloadavg()}
     results["elapsed_s"] = round(time.time() - started, 1)
     OUT_DIR.mkdir(exist_ok=True)
@@ -131,12 +135,22 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=2))
     used = results["config"]
     print(f"torch {used['cpu_capability']} code, KV {used['kv_dtype']}; llama.cpp: {used['llama_cpp_cpu']}")
-    print(_table(results))
+    print(table(results))
     print(f"\nraw results: {out}")
 
 
 def _progress(section: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {section} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+
+
+def _load_off_main(config: LocalEngineConfig) -> LoadedModel:
+    """`load_model` on a thread that then ends, as `LocalEngine.start` loads: torch's OpenMP
+    (libgomp) keeps a thread team per thread that ran parallel work, and while two teams hold more
+    threads than the host has cores its threads stop spinning between regions, which slowed the
+    engine thread's steps 1.4-1.7x (2 cores; a team dies with its thread). So the baselines run in
+    processes of their own (`reference_process`) and a timed section keeps one engine at a time."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(load_model, config).result()
 
 
 def _engine(loaded: LoadedModel, config: LocalEngineConfig, **overrides: Any) -> LocalEngine:
@@ -145,38 +159,32 @@ def _engine(loaded: LoadedModel, config: LocalEngineConfig, **overrides: Any) ->
     return engine
 
 
-def _load_reference() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    return model.eval()
-
-
 def _prefill(
-    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+    loaded: LoadedModel,
+    config: LocalEngineConfig,
+    model: ReferenceProcess,
+    llama: LlamaProcess | None,
+    reps: int,
 ) -> dict[str, Any]:
-    cold_engine = _engine(loaded, config, radix_cache=False)
-    cached_engine = _engine(loaded, config)
+    # One engine (a second engine thread's OpenMP team would throttle both, see `_load_off_main`);
+    # the cold prompts are fresh random ids, so its radix cache misses them whole.
+    engine = _engine(loaded, config)
     ours_cold, theirs_cold, theirs_forward, ours_cached, theirs_cached = [], [], [], [], []
     llama_cold: list[float] = []
     prefix = token_ids(PREFIX_TOKENS, seed=100)
-    ours(cached_engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
+    ours(engine, [prefix + token_ids(QUESTION_TOKENS, seed=200)], 1)  # caches the prefix
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=rep)
-        ours_cold.append(ours(cold_engine, [prompt], 1)[1][0].first_token_s)
-        theirs_cold.append(reference(model, prompt, 1).first_token_s)
-        theirs_forward.append(reference_forward_s(model, prompt))
+        ours_cold.append(ours(engine, [prompt], 1)[1][0].first_token_s)
+        theirs_cold.append(model.generate(prompt, 1).first_token_s)
+        theirs_forward.append(model.forward_s(prompt))
         if llama is not None:
-            llama_cold.append(llama_cpp(llama, prompt, 1).first_token_s)
+            llama_cold.append(llama.generate(prompt, 1).first_token_s)
         question = token_ids(QUESTION_TOKENS, seed=300 + rep)
-        timed = ours(cached_engine, [prefix + question], 1)[1][0]
+        timed = ours(engine, [prefix + question], 1)[1][0]
         ours_cached.append(timed.first_token_s)
-        theirs_cached.append(reference_suffix_ttft(model, prefix, question))
-    cold_engine.close_sync()
-    cached_engine.close_sync()
+        theirs_cached.append(model.suffix_ttft(prefix, question))
+    engine.close_sync()
     ours_s, theirs_s, forward_s, cached_s = (
         statistics.median(v) for v in (ours_cold, theirs_cold, theirs_forward, ours_cached)
     )
@@ -208,7 +216,11 @@ def _prefill(
 
 
 def _decode(
-    loaded: LoadedModel, config: LocalEngineConfig, model: Any, llama: Any, reps: int
+    loaded: LoadedModel,
+    config: LocalEngineConfig,
+    model: ReferenceProcess,
+    llama: LlamaProcess | None,
+    reps: int,
 ) -> dict[str, Any]:
     # Alternating repetitions, median of each: on a shared machine load comes and goes, and
     # measuring one engine right after the other would give the difference to whichever ran quieter.
@@ -217,9 +229,9 @@ def _decode(
     for rep in range(reps):
         prompt = token_ids(COLD_TOKENS, seed=400 + rep)
         ours_samples.append(per_token_ms(ours(engine, [prompt], DECODE_TOKENS)[1][0]))
-        theirs_samples.append(per_token_ms(reference(model, prompt, DECODE_TOKENS)))
+        theirs_samples.append(per_token_ms(model.generate(prompt, DECODE_TOKENS)))
         if llama is not None:
-            llama_samples.append(per_token_ms(llama_cpp(llama, prompt, DECODE_TOKENS)))
+            llama_samples.append(per_token_ms(llama.generate(prompt, DECODE_TOKENS)))
     engine.close_sync()
     ours_ms, theirs_ms = statistics.median(ours_samples), statistics.median(theirs_samples)
     out: dict[str, Any] = {
@@ -236,21 +248,37 @@ def _decode(
 
 def _concurrency(loaded: LoadedModel, config: LocalEngineConfig, reps: int) -> dict[str, Any]:
     """One stream, then 16 at once, `reps` times alternating; medians of each (a single 128-token
-    stream lasts ~4 s, so one sample of it moved the ratio by 10-20 % on this shared machine)."""
+    stream lasts ~4 s, so one sample of it moved the ratio by 10-20 % on this shared machine).
+    Beside the floor's end-to-end figure (prefills included), the decode phase alone: tokens per
+    second from the last stream's first token to the end, against one stream's after its first."""
     engine = _engine(loaded, config, radix_cache=False)
     prompts = [token_ids(STREAM_PROMPT, seed=500 + i) for i in range(STREAMS)]
-    singles, manys = [], []
+    singles, manys, single_decodes, many_decodes, last_firsts = [], [], [], [], []
     for _ in range(reps):
-        singles.append(STREAM_TOKENS / ours(engine, prompts[:1], STREAM_TOKENS)[0])
-        manys.append(STREAMS * STREAM_TOKENS / ours(engine, prompts, STREAM_TOKENS)[0])
+        seconds, timed = ours(engine, prompts[:1], STREAM_TOKENS)
+        singles.append(STREAM_TOKENS / seconds)
+        single_decodes.append(decode_phase_tok_s(timed))
+        seconds, timed = ours(engine, prompts, STREAM_TOKENS)
+        manys.append(STREAMS * STREAM_TOKENS / seconds)
+        many_decodes.append(decode_phase_tok_s(timed))
+        last_firsts.append(max(t.first_token_s for t in timed))
     engine.close_sync()
     single, many = statistics.median(singles), statistics.median(manys)
+    single_decode, many_decode = statistics.median(single_decodes), statistics.median(many_decodes)
     return {
         "single_tok_s": single,
         "aggregate_tok_s": many,
         "ratio": many / single,
         "single_samples": singles,
         "aggregate_samples": manys,
+        "decode_phase": {
+            "single_tok_s": single_decode,
+            "aggregate_tok_s": many_decode,
+            "ratio": many_decode / single_decode,
+            "last_first_token_s": statistics.median(last_firsts),
+            "single_samples": single_decodes,
+            "aggregate_samples": many_decodes,
+        },
     }
 
 
@@ -299,94 +327,6 @@ def _machine(threads: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-
-
-def _table(r: dict[str, Any]) -> str:
-    rows: list[tuple[str, str, str, str]] = []
-    if "prefill" in r:
-        p = r["prefill"]
-        cold, rate = p["cold_ttft_s"], p["prefill_tok_s"]
-        rows += [
-            (
-                "cold prefill 2,176 tok: TTFT",
-                f"{cold['ours']:.2f} s",
-                f"{cold['transformers_generate']:.2f} s generate"
-                f" / {cold['transformers_forward']:.2f} s forward",
-                "",
-            ),
-            (
-                "prefill tokens/s",
-                f"{rate['ours']:.0f}",
-                f"{rate['transformers_generate']:.0f} / {rate['transformers_forward']:.0f}",
-                f"{p['prefill_speedup_vs_generate']:.2f}x / {p['prefill_speedup_vs_forward']:.2f}x (>= 1.2x)",
-            ),
-            *(
-                [
-                    (
-                        "cold prefill vs llama.cpp",
-                        f"{cold['ours']:.2f} s",
-                        f"llama.cpp {p['llama_cpp']['cold_ttft_s']:.2f} s",
-                        f"{p['llama_cpp']['prefill_speedup']:.2f}x faster (>= 1.5x)",
-                    )
-                ]
-                if "llama_cpp" in p
-                else []
-            ),
-            (
-                "TTFT, 2,048 cached + 128 new",
-                f"{p['cached_ttft_s']['ours']:.2f} s",
-                f"{p['cached_ttft_s']['transformers_reused_kv']:.2f} s (KV reused by hand)",
-                f"{p['cached_over_cold']:.3f} of cold (<= 0.1)",
-            ),
-        ]
-    if "decode" in r:
-        d = r["decode"]
-        rows.append(
-            (
-                "decode ms/token at 2.2k context",
-                f"{d['ms_per_token']['ours']:.1f}",
-                f"{d['ms_per_token']['transformers']:.1f} (generate)",
-                f"{d['ratio']:.2f}x (<= 0.5x)",
-            )
-        )
-        if "llama_cpp" in d:
-            rows.append(
-                (
-                    "decode vs llama.cpp",
-                    f"{d['ms_per_token']['ours']:.1f}",
-                    f"llama.cpp {d['llama_cpp']['ms_per_token']:.1f}",
-                    f"{d['llama_cpp']['ratio']:.2f}x (<= 1x)",
-                )
-            )
-    if "concurrency" in r:
-        c = r["concurrency"]
-        rows.append(
-            (
-                "16 streams, aggregate tok/s",
-                f"{c['aggregate_tok_s']:.1f} (1 stream: {c['single_tok_s']:.1f})",
-                "",
-                f"{c['ratio']:.2f}x (>= 4x)",
-            )
-        )
-    if "few_shot" in r:
-        f = r["few_shot"]
-        rows.append(
-            (
-                "few-shot 8 x 8, tok/s",
-                f"{f['radix']['tok_s']:.1f} radix / {f['no_radix']['tok_s']:.1f} no radix",
-                "",
-                f"{f['ratio']:.2f}x (>= 3x)",
-            )
-        )
-    if "memory" in r:
-        m, mb = r["memory"], 2**20
-        limit = (m["weights_bytes"] + m["kv_pool_bytes"]) / mb + 300
-        rows.append(
-            ("peak RSS, 16 x 4,096 tokens", f"{m['peak_rss_bytes'] / mb:.0f} MB", "", f"limit {limit:.0f} MB")
-        )
-    lines = ["| measurement | radixgate local | baseline | ratio (floor) |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c_} | {e} |" for a, b, c_, e in rows]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,14 @@ def reference_suffix_ttft(model: Any, prefix: list[int], suffix: list[int]) -> f
         return time.perf_counter() - start
 
 
+def decode_phase_tok_s(timed: list[Timed]) -> float:
+    """Tokens per second of the streams after the last of them got its first token."""
+    begin = max(t.first_token_s for t in timed)
+    end = max(t.seconds for t in timed)
+    tokens = sum(1 for t in timed for at in t.token_times if at > begin)
+    return tokens / (end - begin)
+
+
 def per_token_ms(timed: Timed) -> float:
     """Mean gap between consecutive generated tokens (decode only), in ms."""
     gaps = timed.token_times[-1] - timed.token_times[0]
