@@ -171,9 +171,9 @@ class ModelRunner:
                     skip[i] = common
             else:
                 own_only[seq_of[members[0]]] = (PageRun(start, common), members)
-        chosen = self._gathered_seqs([_drop_front(contexts[g[-1]], skip[g[-1]], ps) for g in groups])
-        if len(contexts) == 1:
-            chosen = set()
+        # Each sequence's own context: its last row's (the widest), past the pages read shared.
+        own = [_drop_front(contexts[g[-1]], skip[g[-1]], ps) for g in groups]
+        chosen = self._gathered_seqs(own) if len(contexts) > 1 else set()
         parts = [int(t > 0) for t in skip]
         blocks: list[tuple[list[int], list[PageRun], list[int]]] = []  # (rows, runs, tokens each row sees)
         for number, rows in enumerate(groups):
@@ -181,13 +181,7 @@ class ModelRunner:
                 seen = [sum(run.tokens for run in _drop_front(contexts[i], skip[i], ps)) for i in rows]
                 # A row whose context ends where the shared run does reads nothing more.
                 queried = [(i, tokens) for i, tokens in zip(rows, seen, strict=True) if tokens]
-                blocks.append(
-                    (
-                        [i for i, _ in queried],
-                        _drop_front(contexts[rows[-1]], skip[rows[-1]], ps),
-                        [t for _, t in queried],
-                    )
-                )
+                blocks.append(([i for i, _ in queried], own[number], [t for _, t in queried]))
                 for i, _ in queried:
                     parts[i] += 1
                 continue
