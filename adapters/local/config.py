@@ -31,12 +31,9 @@ DEFAULT_DTYPE: DType = "float32"
 # Paris still the answer (`benchmarks/results/engine_quantized.md`).
 DEFAULT_DECODE_WEIGHTS: DecodeWeights = "packed"
 DEFAULT_KV_DTYPE: KVDType = "auto"
-# A 2.2k-token decode step reads ~100 MB of fp32 K/V, more than the 85 MB of packed weights. With
-# torch's AVX2 code one such step ran 31-34 % faster on a half pool (float16 and bfloat16 alike),
-# and decode came to 0.91x llama.cpp's AVX2 build (`benchmarks/results/engine_quantized.md`).
-HALF_KV_DTYPE: KVDType = "float16"
-"""What "auto" stores where torch's attention serves packed decode weights: float16 (llama.cpp's
-default too) keeps 10 mantissa bits to bfloat16's 7 at the same speed."""
+# A 2.2k-token decode step reads ~100 MB of fp32 K/V, more than the 85 MB of packed weights; a half
+# pool halves it. Which half type "auto" takes is the CPU's (`kv_pool.half_kv_dtype`): float16 only
+# where the CPU has fp16 arithmetic, bfloat16 elsewhere (`benchmarks/results/engine_quantized.md`).
 DEFAULT_PAGE_SIZE = 16
 # A decode step's cost is mostly reading the weights once, so rows are cheap up to a point. Few-shot
 # workload (8-prompt groups on 1,024-token shared prefixes, radix cache on), dev box, under load:
@@ -142,9 +139,10 @@ class LocalEngineConfig:
     every row, exact (the reference-parity tests run so). Where the C kernels run, decode rows
     are exact in them either way."""
     kv_dtype: KVDType = DEFAULT_KV_DTYPE
-    """Keys and values in the KV pool. "auto": `HALF_KV_DTYPE` where torch's attention serves
-    packed decode weights (`decode_weights = "packed"` without the C kernels), else `dtype` (the C
-    kernels read fp32 pages; the exact mode stays exact). A half type halves what attention reads
+    """Keys and values in the KV pool. "auto": a half type (`kv_pool.half_kv_dtype`: float16 where the
+    CPU has fp16 arithmetic, else bfloat16) where torch's attention serves packed decode weights
+    (`decode_weights = "packed"` without the C kernels), else `dtype` (the C kernels read fp32
+    pages; the exact mode stays exact). A half type halves what attention reads
     a step and what a cached or offloaded page takes; attention still accumulates in fp32. With an
     explicit half type the C kernels still multiply, and torch's flash kernel attends."""
     prefill_activations: PrefillActivations = "int8"

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from adapters.local.config import HALF_KV_DTYPE, KVDType
+from adapters.local.config import KVDType
 from adapters.local.gguf_convert import ModelSpec
 
 KV_DTYPES: dict[KVDType, torch.dtype] = {
@@ -34,11 +34,29 @@ KV_DTYPES: dict[KVDType, torch.dtype] = {
 
 
 def kv_dtype(choice: KVDType, weights: torch.dtype, torch_attends_packed: bool) -> torch.dtype:
-    """The pool's dtype for `LocalEngineConfig.kv_dtype`: "auto" is `HALF_KV_DTYPE` where torch's
+    """The pool's dtype for `LocalEngineConfig.kv_dtype`: "auto" is `half_kv_dtype()` where torch's
     attention serves packed decode weights (`torch_attends_packed`), else the weights' dtype."""
     if choice != "auto":
         return KV_DTYPES[choice]
-    return KV_DTYPES[HALF_KV_DTYPE] if torch_attends_packed else weights
+    return KV_DTYPES[half_kv_dtype()] if torch_attends_packed else weights
+
+
+def half_kv_dtype() -> KVDType:
+    """The half type torch attends fastest in on this CPU: float16 where oneDNN reports fp16
+    arithmetic (x86 AVX512-FP16, ARM fp16), else bfloat16.
+
+    Without fp16 arithmetic torch's flash kernel converts float16 blocks the slow way: on an AMD
+    EPYC (Zen 4, AVX-512 with BF16, no FP16) one decode row at 2,176 tokens took 69.7 ms a step
+    on a float16 pool against 38.0 on float32 and 37.6 on bfloat16 (AVX2 code: 71.0 / 40.3 / 42.2),
+    and 16 rows 844 / 478 / 395 ms. A bfloat16 value is a float32's top half, so it converts by a
+    shift on any CPU. On the Intel Xeon with AVX512-FP16 the three ran alike, and float16 keeps 10
+    mantissa bits to bfloat16's 7 (`benchmarks/results/engine_quantized.md`)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", None)
+    try:
+        native = bool(probe()) if probe is not None else False
+    except RuntimeError:  # a build without oneDNN
+        native = False
+    return "float16" if native else "bfloat16"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

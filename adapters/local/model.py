@@ -128,16 +128,19 @@ class LlamaModel:
         self.serves_packed = self._kernels is None and decode_weights == "packed"
         """Decode rows multiply packed weights in torch's kernels (`stock_linear`), and torch attends."""
 
-        # int8 prefill leaves the checkpoint's fp32 copies unread: keep copies, not views of its file.
-        copy = prefill_activations == "int8" and self._kernels is not None and self._kernels.vnni
+        # Keep copies, not views of the checkpoint's file, where part of the file goes unread: int8
+        # prefill leaves its fp32 copies unread, and torch's path its packed nibbles once converted
+        # (as views, the ~80 MB of them read once would stay resident; see `linear.owned`).
+        vnni_prefill = prefill_activations == "int8" and self._kernels is not None and self._kernels.vnni
+        copy = vnni_prefill or self.serves_packed
 
         def get(name: str) -> torch.Tensor:
             tensor = tensors[name].to(dtype)
             return owned(tensor) if copy else tensor.contiguous()
 
         def linear(name: str) -> Linear:
-            if self._kernels is None and decode_weights == "packed":
-                return build_stock_linear(tensors, name, dtype)
+            if self.serves_packed:
+                return build_stock_linear(tensors, name, dtype, copy=copy)
             return build_linear(tensors, name, dtype, kernel, prefill_activations, copy=copy)
 
         self.embed = get("embed") if "embed" in tensors else None

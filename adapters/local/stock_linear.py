@@ -156,14 +156,21 @@ def int8_head(
     return Int8Head(weight=owned(quantized), scales=scale.to(_ACTIVATIONS), table=table, q8=q8)
 
 
-def build_stock_linear(tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
+def build_stock_linear(
+    tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype, *, copy: bool = False
+) -> Linear:
     """The weight `name` from a checkpoint (see `gguf_convert`) for a model the C kernels do not run:
-    a Q4_1 layer matrix as `Int4Linear`, a Q8_0 head as `Int8Head`, anything else dense."""
+    a Q4_1 layer matrix as `Int4Linear`, a Q8_0 head as `Int8Head`, anything else dense. `copy`:
+    the dense weights are copies (`owned`), not views of the checkpoint."""
+
+    def dense() -> DenseLinear:
+        weight = tensors[f"{name}_t"].to(dtype)
+        return DenseLinear(owned(weight) if copy else weight.contiguous())
+
     if f"{name}.packed" not in tensors:
-        return DenseLinear(tensors[f"{name}_t"].to(dtype).contiguous())
+        return dense()
     packed, scale = tensors[f"{name}.packed"], tensors[f"{name}.scale"]
     if f"{name}.offset" in tensors:
-        exact = DenseLinear(tensors[f"{name}_t"].to(dtype).contiguous())
-        return int4_linear(packed, scale, tensors[f"{name}.offset"], exact)
+        return int4_linear(packed, scale, tensors[f"{name}.offset"], dense())
     qs, q8_scale = by_output(packed), by_output(scale)
     return int8_head(dequantize_q8_0(qs, q8_scale), q8=(qs, q8_scale))
