@@ -13,6 +13,7 @@ import pytest
 
 from adapters.local import LocalEngine, LocalEngineConfig
 from adapters.local.engine import Generation
+from adapters.local.kv_pool import dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel
 from adapters.local.offload import L2_TIER, L3_TIER, OffloadStats
 from cachelayer.keys import KeySeed, block_hashes
@@ -115,7 +116,8 @@ def test_damaged_page_file_is_a_miss(
     evict(first, EVICTORS[:2])
     first.close_sync()
     config, model = tiny_model
-    seed = KeySeed(model_id=f"{config.model_id}/{config.dtype}", tokenizer_hash=model.sha256)
+    pool_dtype = dtype_name(kv_dtype(config.kv_dtype, model.model.dtype, model.model.serves_packed))
+    seed = KeySeed(model_id=f"{config.model_id}/{pool_dtype}", tokenizer_hash=model.sha256)  # as the engine keys
     target, start = find_record(tmp_path, block_hashes(PROMPT, block_size=PAGE, seed=seed)[1])
     data = bytearray(target.read_bytes())
     if damage == "truncate":  # a torn write: page 1's record ends half way
