@@ -117,7 +117,8 @@ def test_damaged_page_file_is_a_miss(
     first.close_sync()
     config, model = tiny_model
     pool_dtype = dtype_name(kv_dtype(config.kv_dtype, model.model.dtype, model.model.serves_packed))
-    seed = KeySeed(model_id=f"{config.model_id}/{pool_dtype}", tokenizer_hash=model.sha256)  # as the engine keys
+    # Keyed as the engine keys its pages: by the model and its pool's dtype.
+    seed = KeySeed(model_id=f"{config.model_id}/{pool_dtype}", tokenizer_hash=model.sha256)
     target, start = find_record(tmp_path, block_hashes(PROMPT, block_size=PAGE, seed=seed)[1])
     data = bytearray(target.read_bytes())
     if damage == "truncate":  # a torn write: page 1's record ends half way

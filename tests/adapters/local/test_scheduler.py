@@ -53,7 +53,7 @@ def test_preempted_sequences_resume_with_identical_output(make_tiny: Callable[..
     # A float32 pool: a preempted sequence's KV is recomputed by a prompt chunk, not the decode rows
     # that first wrote it, and a half pool's rounding can flip the random tiny model's near ties.
     roomy = run(make_tiny(kv_dtype="float32"), batch, greedy(40))
-    tight = make_tiny(kv_budget_tokens=6 * PAGE, kv_dtype="float32")  # 6 pages; four 60-token sequences need 16
+    tight = make_tiny(kv_budget_tokens=6 * PAGE, kv_dtype="float32")  # four 60-token sequences need 16
     squeezed = run(tight, batch, greedy(40))
     assert [g.token_ids for g in squeezed] == [g.token_ids for g in roomy]
     stats = tight.stats()
