@@ -211,15 +211,14 @@ class RunWindows:
 
 
 def run_windows(k: torch.Tensor, v: torch.Tensor, run: PageRun, count: int) -> RunWindows:
-    """Window views of `run` in every layer of the pool (`k`, `v`: `[layers, pages, page_size,
-    kv_heads, d]`); `count` must not exceed the run's tokens."""
-    layers, _, page_size, kv_heads, dim = k.shape
+    """Window views of `run` in every layer of the pool (`k`, `v`: `[layers, kv_heads, pages,
+    page_size, d]`); `count` must not exceed the run's tokens."""
+    layers, kv_heads, _, page_size, dim = k.shape
     stride = run.tokens // count
     window = run.tokens - (count - 1) * stride
-    token = kv_heads * dim  # elements per token slot
     size = (layers, count, kv_heads, window, dim)
-    strides = (k.stride(0), stride * token, dim, token, 1)
-    offset = k.storage_offset() + (run.first_page * page_size + run.skip) * token
+    strides = (k.stride(0), stride * dim, k.stride(1), dim, 1)
+    offset = k.storage_offset() + (run.first_page * page_size + run.skip) * dim
     mask = None
     if window > stride:
         mask = torch.zeros(count, 1, 1, window, dtype=k.dtype)
@@ -297,12 +296,12 @@ def _run_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows `q` (`[r, heads, d]`) over one page run, all of it visible: (`[r, heads, d]`, `[r, heads]`)."""
     r, heads, dim = q.shape
-    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    kv_heads, _, page_size = k_pages.shape[:3]
     groups = heads // kv_heads
-    pages = slice(run.first_page, run.first_page + -(-(run.skip + run.tokens) // page_size))
-    slots = slice(run.skip, run.skip + run.tokens)
-    keys = k_pages[pages].view(-1, kv_heads, dim)[slots].transpose(0, 1).unsqueeze(0)
-    values = v_pages[pages].view(-1, kv_heads, dim)[slots].transpose(0, 1).unsqueeze(0)
+    first = run.first_page * page_size + run.skip
+    slots = slice(first, first + run.tokens)
+    keys = k_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0)
+    values = v_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0)
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)
@@ -314,12 +313,11 @@ def _scattered_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows `q` over scattered pages copied into one block, all visible."""
     r, heads, dim = q.shape
-    kv_heads = k_pages.shape[2]
+    kv_heads = k_pages.shape[0]
     groups = heads // kv_heads
     # index_select, not advanced indexing: a plain row copy, measured 2x faster for a few pages.
-    keys = k_pages.index_select(0, scattered.pages).view(-1, kv_heads, dim)[: scattered.tokens]
-    values = v_pages.index_select(0, scattered.pages).view(-1, kv_heads, dim)[: scattered.tokens]
-    keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)
+    keys = k_pages.index_select(1, scattered.pages).view(1, kv_heads, -1, dim)[:, :, : scattered.tokens]
+    values = v_pages.index_select(1, scattered.pages).view(1, kv_heads, -1, dim)[:, :, : scattered.tokens]
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)
@@ -332,13 +330,13 @@ def _gathered_attention(
     """The block's queries (decode rows of `q`, `[count, heads, d]`) over their padded contexts:
     (rows, `[rows, heads, d]`, `[rows, heads]`)."""
     heads, dim = q.shape[1:]
-    kv_heads = k_pages.shape[2]
+    kv_heads = k_pages.shape[0]
     groups = heads // kv_heads
     table = gathered.rows if gathered.rows.dim() == 2 else gathered.rows[:, None]
     blocks, queries = table.shape
     pages = gathered.pages.view(-1)
-    keys = k_pages.index_select(0, pages).view(blocks, -1, kv_heads, dim).transpose(1, 2)
-    values = v_pages.index_select(0, pages).view(blocks, -1, kv_heads, dim).transpose(1, 2)
+    keys = k_pages.index_select(1, pages).view(kv_heads, blocks, -1, dim).transpose(0, 1)
+    values = v_pages.index_select(1, pages).view(kv_heads, blocks, -1, dim).transpose(0, 1)
     folded = q.index_select(0, table.view(-1)).view(blocks, queries, kv_heads, groups, dim)
     folded = folded.transpose(1, 2).reshape(blocks, kv_heads, queries * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False, mask=gathered.mask)

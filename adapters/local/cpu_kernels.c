@@ -31,10 +31,10 @@ int cpu_kernels_supported(void) {
 /* ---- Decode attention: each decode row over its own KV pages ----
 
    q [R, H, 64] (head dimension 64 only); query head h reads KV head h / (H / KVH); out [R, H * 64].
-   The pool's layout: a token slot holds every KV head's 64 values, so a stretch of consecutive
-   slots is one contiguous piece of memory. Each stretch is attended by every KV head in turn,
-   taking the queries of that head's group (4 at a time, so their 64-wide outputs stay in
-   registers), keeping the queries' maximum score, sum of exponentials and unnormalized output;
+   The pool's layout: slot s of KV head j is at s * ts + j * hs (head-major: ts = 64, so a stretch
+   of consecutive slots is one contiguous piece of memory per head). Each stretch is attended by
+   every KV head in turn, taking the queries of that head's group (4 at a time, so their 64-wide
+   outputs stay in registers), keeping the queries' maximum score, sum of exponentials and unnormalized output;
    a row's stretches are merged by their maxima at the end (splitting a softmax is exact up to
    rounding, as FlashAttention's blocks are). */
 
@@ -100,9 +100,9 @@ AVX512 INLINE void attend_block(const float *qs, const int nq, const float *k, c
     for (int i = 0; i < nq; i++)
         for (int t = 0; t < whole; t += 16) {
             if (i == 0) {
-                /* Ask for the next 16 tokens' keys and these tokens' values now: a token slot holds
-                   every KV head (768 bytes), so the hardware's prefetcher, which stops at 4 KiB
-                   page boundaries, restarts every few tokens and leaves a stream of misses. */
+                /* Ask for the next 16 tokens' keys and these tokens' values now: the hardware's
+                   prefetcher stops at 4 KiB page boundaries, and with a slot stride above 64
+                   floats it would restart every few tokens and leave a stream of misses. */
                 const int ahead = t + 32 < n ? 16 : n - t - 16;
                 for (int a = 0; a < 16; a++) {
                     const float *vt = v + (size_t)(t + a) * ts;
@@ -194,14 +194,15 @@ static int by_stretch(const void *a, const void *b) {
 
 /* Decode rows over their own pages. `segments` [S][3]: (row, first token slot, tokens), a stretch
    of consecutive slots (a run of consecutive pages, or part of one), rows in ascending order,
-   every row with at least one. Token slot s of KV head j is at k/v + s * ts + j * 64. Segments of
+   every row with at least one. Token slot s of KV head j is at k/v + s * ts + j * hs. Segments of
    different rows over the same stretch (a prefix shared from the cache) are one unit of work: each
    KV head reads the stretch once for all of their queries, while it is in cache, instead of once
    per row (each query's arithmetic is the same either way, so the result is too). A row's
    segments are merged by their maxima at the end. Returns 0, -1 when out of memory, -2 on shapes
    it does not handle (head dimension not 64). */
 AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const float *k, const float *v,
-                            int ts, const int32_t *segments, int S, float scale, float *out, int threads) {
+                            int ts, int64_t hs, const int32_t *segments, int S, float scale, float *out,
+                            int threads) {
     if (D != HEAD_DIM || H % KVH != 0 || S < 1 || R < 1) return -2;
     const int groups = H / KVH, per_segment = KVH * groups;
     int span = 1;
@@ -249,7 +250,7 @@ AVX512 int decode_attention(const float *q, int R, int H, int KVH, int D, const 
                 memcpy(qbuf + (size_t)i * groups * D, q + ((size_t)r * H + (size_t)j * groups) * D,
                        sizeof(float) * groups * D);
             }
-            attend_window(qbuf, members * groups, k + slot * ts + (size_t)j * D, v + slot * ts + (size_t)j * D, ts,
+            attend_window(qbuf, members * groups, k + slot * ts + (size_t)j * hs, v + slot * ts + (size_t)j * hs, ts,
                           stretch[2], scale, scores, unit_stats, unit_acc);
             for (int i = 0; i < members; i++) {
                 const size_t unit = (size_t)order[starts[u] + i] * per_segment + (size_t)j * groups;
@@ -336,10 +337,10 @@ AVX512 void rms_norm(const float *x, int ldx, int M, int K, const float *w, floa
    by their row's position (cos_half/sin_half [positions][32]: both halves of a head use the same
    angles; out = x * cos + rotate_half(x) * sin, as the model's torch path computes it), writes the
    rotated q to q_out [n][H][64] and k and v to slot slots[i] of the pool (KV head j at
-   slot * ts + j * 64). */
+   slot * ts + j * hs). */
 AVX512 void rope_store(const float *qkv, int ldqkv, int n, int H, int KVH, const int64_t *positions,
                        const float *cos_half, const float *sin_half, float *q_out, float *k, float *v, int ts,
-                       const int64_t *slots, int threads) {
+                       int64_t hs, const int64_t *slots, int threads) {
     const int half = HEAD_DIM / 2;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int i = 0; i < n; i++) {
@@ -350,7 +351,7 @@ AVX512 void rope_store(const float *qkv, int ldqkv, int n, int H, int KVH, const
         for (int h = 0; h < H + KVH; h++) {
             const float *x = row + (size_t)h * HEAD_DIM;
             float *dst = h < H ? q_out + ((size_t)i * H + h) * HEAD_DIM
-                               : k + (size_t)slots[i] * ts + (size_t)(h - H) * HEAD_DIM;
+                               : k + (size_t)slots[i] * ts + (size_t)(h - H) * hs;
             const __m512 lo0 = _mm512_loadu_ps(x), lo1 = _mm512_loadu_ps(x + 16);
             const __m512 hi0 = _mm512_loadu_ps(x + half), hi1 = _mm512_loadu_ps(x + half + 16);
             _mm512_storeu_ps(dst, _mm512_fnmadd_ps(hi0, s0, _mm512_mul_ps(lo0, c0)));
@@ -358,7 +359,9 @@ AVX512 void rope_store(const float *qkv, int ldqkv, int n, int H, int KVH, const
             _mm512_storeu_ps(dst + half, _mm512_fmadd_ps(lo0, s0, _mm512_mul_ps(hi0, c0)));
             _mm512_storeu_ps(dst + half + 16, _mm512_fmadd_ps(lo1, s1, _mm512_mul_ps(hi1, c1)));
         }
-        memcpy(v + (size_t)slots[i] * ts, row + (size_t)(H + KVH) * HEAD_DIM, sizeof(float) * KVH * HEAD_DIM);
+        for (int j = 0; j < KVH; j++)
+            memcpy(v + (size_t)slots[i] * ts + (size_t)j * hs, row + (size_t)(H + KVH + j) * HEAD_DIM,
+                   sizeof(float) * HEAD_DIM);
     }
 }
 
@@ -943,11 +946,11 @@ static float *pf_buffer(size_t floats) {
     return scratch->data;
 }
 
-/* q [n][H][64] (the chunk's rows), k/v the pool (slot s of KV head j at s * ts + j * 64), slots [L]
+/* q [n][H][64] (the chunk's rows), k/v the pool (slot s of KV head j at s * ts + j * hs), slots [L]
    the context in order, out [n][H * 64]. Returns 0, -1 out of memory, -2 on shapes it does not
    handle (head dimension not 64, more than PF_QUERIES heads per KV head, n > L). */
 AVX512 int prefill_attention(const float *q, int n, int H, int KVH, int D, const float *k, const float *v, int ts,
-                             const int32_t *slots, int L, float scale, float *out, int threads) {
+                             int64_t hs, const int32_t *slots, int L, float scale, float *out, int threads) {
     if (D != HEAD_DIM || H % KVH != 0 || H / KVH > PF_QUERIES || n < 1 || n > L) return -2;
     const int groups = H / KVH, rows_per_tile = PF_QUERIES / groups;
     const int blocks = (L + PF_BLOCK - 1) / PF_BLOCK, padded = blocks * PF_BLOCK;
@@ -967,7 +970,7 @@ AVX512 int prefill_attention(const float *q, int n, int H, int KVH, int D, const
                 memset(vb + t * HEAD_DIM, 0, sizeof(float) * HEAD_DIM);
                 continue;
             }
-            const float *ks = k + (size_t)slots[pos] * ts + h * HEAD_DIM, *vs = v + (size_t)slots[pos] * ts + h * HEAD_DIM;
+            const float *ks = k + (size_t)slots[pos] * ts + h * hs, *vs = v + (size_t)slots[pos] * ts + h * hs;
             for (int d = 0; d < HEAD_DIM; d++) kb[d * PF_BLOCK + t] = ks[d];
             memcpy(vb + t * HEAD_DIM, vs, sizeof(float) * HEAD_DIM);
         }

@@ -43,7 +43,7 @@ KERNEL_DIR = "kernels"
 
 logger = logging.getLogger(__name__)
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 
 
 class CpuKernels:
@@ -61,10 +61,10 @@ class CpuKernels:
         self._rms_norm.argtypes = [_P, _I, _I, _I, _P, _F, _P, _I]
         self._rms_norm.restype = None
         self._attention = library.decode_attention
-        self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _F, _P, _I]
+        self._attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _F, _P, _I]
         self._attention.restype = _I
         self._prefill_attention = library.prefill_attention
-        self._prefill_attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _F, _P, _I]
+        self._prefill_attention.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _F, _P, _I]
         self._prefill_attention.restype = _I
         self.vnni = bool(library.cpu_kernels_vnni())
         """The CPU has AVX-512 VNNI: `matmul_int8` runs."""
@@ -72,7 +72,7 @@ class CpuKernels:
         self._matmul_int8.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I]
         self._matmul_int8.restype = _I
         self._rope_store = library.rope_store
-        self._rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _I]
+        self._rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _L, _P, _I]
         self._rope_store.restype = None
         self._swiglu = library.swiglu
         self._swiglu.argtypes = [_P, _I, _I, _I, _P, _I, _I]
@@ -148,10 +148,10 @@ class CpuKernels:
         """RoPE and the pool writes of a step's rows in one pass: `qkv` `[n, (heads + 2 kv_heads) * 64]`
         fp32 (rows contiguous, any row stride) holds each row's q, k and v heads; q and k are rotated
         by the row's position (`positions` int64 `[n]`; `cos_half`, `sin_half` `[positions, 32]`), k
-        and v written to slot `slots[i]` (int64) of one layer's pool (`keys`, `values`: `[pages,
-        page_size, kv_heads, 64]`, contiguous). Returns the rotated q, `[n, heads, 64]`."""
+        and v written to slot `slots[i]` (int64) of one layer's pool (`keys`, `values`: `[kv_heads,
+        pages, page_size, 64]`, contiguous). Returns the rotated q, `[n, heads, 64]`."""
         rows = qkv.shape[0]
-        kv_heads, dim = keys.shape[2], keys.shape[3]
+        kv_heads, dim = keys.shape[0], keys.shape[3]
         if dim != 64 or qkv.shape[1] != (heads + 2 * kv_heads) * dim or qkv.stride(1) != 1:
             raise ValueError(f"rope_store does not take qkv {tuple(qkv.shape)} with {heads} heads")
         q = torch.empty(rows, heads, dim, dtype=torch.float32)
@@ -167,7 +167,8 @@ class CpuKernels:
             q.data_ptr(),
             keys.data_ptr(),
             values.data_ptr(),
-            kv_heads * dim,
+            dim,
+            keys.stride(0),
             slots.data_ptr(),
             torch.get_num_threads(),
         )
@@ -190,7 +191,7 @@ class CpuKernels:
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: torch.Tensor
     ) -> torch.Tensor:
         """`[rows, heads * d]` attention of the decode rows `q` (`[rows, heads, d]`, contiguous)
-        over their own pages of one layer's pool (`keys`, `values`: `[pages, page_size, kv_heads, d]`,
+        over their own pages of one layer's pool (`keys`, `values`: `[kv_heads, pages, page_size, d]`,
         contiguous). `segments`: int32 `[S, 3]` rows of (row, first token slot, tokens), each a
         stretch of consecutive slots, rows ascending, every row at least once (`DecodePlan.segments`)."""
         status, out = _attend(self._attention, q, keys, values, segments, segments.shape[0])
@@ -270,7 +271,7 @@ def _attend(
     """Call one of the two attention kernels (same arguments; `table` is each one's plan of the
     context: decode segments or prefill slots); returns its status and the output."""
     rows, heads, dim = q.shape
-    kv_heads = keys.shape[2]
+    kv_heads = keys.shape[0]
     out = torch.empty(rows, heads * dim, dtype=torch.float32)
     status = function(
         q.data_ptr(),
@@ -280,7 +281,8 @@ def _attend(
         dim,
         keys.data_ptr(),
         values.data_ptr(),
-        kv_heads * dim,
+        dim,
+        keys.stride(0),
         table.data_ptr(),
         length,
         dim**-0.5,

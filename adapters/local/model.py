@@ -222,8 +222,8 @@ class LlamaModel:
                 qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
                 q, k = qk[:, :n_q], qk[:, n_q:]
                 v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
-                k_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, k.to(k_pages.dtype))
-                v_pages.view(-1, n_kv, hd).index_copy_(0, batch.slots, v.to(v_pages.dtype))
+                pool.slots(k_pages).index_copy_(1, batch.slots, k.transpose(0, 1).to(k_pages.dtype))
+                pool.slots(v_pages).index_copy_(1, batch.slots, v.transpose(0, 1).to(v_pages.dtype))
             attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
@@ -245,12 +245,13 @@ class LlamaModel:
         half = self._half
         angles = shift * self._inv_freq.double()
         index = torch.tensor(slots, dtype=torch.long)
-        flat = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])
-        keys = flat.index_select(1, index if sources is None else torch.tensor(sources, dtype=torch.long))
+        layers, kv_heads, _, _, head_dim = pool.k.shape
+        flat = pool.k.view(layers, kv_heads, -1, head_dim)
+        keys = flat.index_select(2, index if sources is None else torch.tensor(sources, dtype=torch.long))
         cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
         low, high = keys[..., :half], keys[..., half:]
         rotated = torch.cat([low * cos + high * sin, high * cos - low * sin], dim=-1)
-        flat.index_copy_(1, index, rotated.to(flat.dtype))  # rotated in fp32 from a half pool
+        flat.index_copy_(2, index, rotated.to(flat.dtype))  # rotated in fp32 from a half pool
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's `cos` and `sin` `[rows, 1, head_dim]` for torch's path of a prefill step."""
@@ -279,7 +280,7 @@ class LlamaModel:
         rope = torch.diag_embed(torch.cat([cos_half, cos_half], dim=-1))
         rope.addcmul_(self._roll, torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1))
         layers = len(self.layers)
-        k_slots, v_slots = pool.k.view(layers, -1, n_kv * hd), pool.v.view(layers, -1, n_kv * hd)
+        k_slots, v_slots = pool.k.view(layers, n_kv, -1, hd), pool.v.view(layers, n_kv, -1, hd)
         windows = None
         if plan.segments is None and len(plan.runs) == 1 and not plan.merge and plan.gathered is None:
             run = plan.runs[0].run
@@ -291,8 +292,10 @@ class LlamaModel:
         for index, layer in enumerate(self.layers):
             qkv = layer.wqkv.mm(norm(x, layer.attn_norm, eps), decode_rows=rows)
             qk = torch.bmm(qkv[:, :qk_width].view(rows, n_q + n_kv, hd), rope)
-            k_slots[index].index_copy_(0, batch.slots, qk[:, n_q:].reshape(rows, n_kv * hd).to(k_slots.dtype))
-            v_slots[index].index_copy_(0, batch.slots, qkv[:, qk_width:].to(v_slots.dtype))
+            k_slots[index].index_copy_(1, batch.slots, qk[:, n_q:].transpose(0, 1).to(k_slots.dtype))
+            v_slots[index].index_copy_(
+                1, batch.slots, qkv[:, qk_width:].view(rows, n_kv, hd).transpose(0, 1).to(v_slots.dtype)
+            )
             q = qk[:, :n_q]
             if plan.segments is not None and kernels is not None:
                 attn = kernels.decode_attention(q.contiguous(), pool.k[index], pool.v[index], plan.segments)

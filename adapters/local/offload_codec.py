@@ -3,7 +3,7 @@
     magic b"RGKV" | u16 version | u8 dtype code | u8 0 | u32 layers | u32 page_size | u32 kv_heads
     | u32 head_dim | u64 payload bytes | K of every layer | V of every layer
 
-all little-endian; K and V are `KVPool.export_page` bytes (`[layers, page_size, kv_heads, head_dim]`
+all little-endian; K and V are `KVPool.export_page` bytes (`[layers, kv_heads, page_size, head_dim]`
 in C order, the pool's dtype). The 32-byte header keeps the payload 16-byte aligned for the copy back.
 A page whose header disagrees with this engine's pool (another model, dtype, page size or format
 version) is refused, so a mismatched layout is a miss and never garbage in the pool. Integrity of
@@ -18,7 +18,8 @@ import torch
 
 from adapters.local.kv_pool import KVPool
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the head-major page (`KVPool`); a version-1 page (token-major) is refused, a miss."""
 _MAGIC = b"RGKV"
 _HEADER = struct.Struct("<4sHBBIIIIQ")
 _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
@@ -29,7 +30,7 @@ class PageCodec:
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
-        layers, page_size, kv_heads, head_dim = pool.page_shape
+        layers, kv_heads, page_size, head_dim = pool.page_shape
         self.header = _HEADER.pack(
             _MAGIC,
             FORMAT_VERSION,

@@ -205,7 +205,7 @@ class ModelRunner:
         """The sequences whose own context (`own`, by sequence) goes into the padded block: the
         shortest first, while the block's K and V stay within `GATHER_MAX_BYTES`."""
         ps = self.page_size
-        kv_heads, dim = self.pool.k.shape[3:]
+        kv_heads, dim = self.pool.k.shape[1], self.pool.k.shape[4]
         token_bytes = 2 * kv_heads * dim * self.pool.k.element_size()  # K and V of one slot, one layer
         pages = sorted((sum(_pages(run, ps) for run in runs), i) for i, runs in enumerate(own) if runs)
         chosen: set[int] = set()

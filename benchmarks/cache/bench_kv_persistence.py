@@ -158,8 +158,8 @@ def flush(model: LoadedModel, base: LocalEngineConfig) -> None:
             held = pool.alloc(per_prompt // base.page_size)
             assert held is not None
             for page in held:
-                pool.k[:, page].normal_()
-                pool.v[:, page].normal_()
+                pool.page_keys(page).normal_()
+                pool.page_values(page).normal_()
             cache.insert("", token_ids(per_prompt, seed=seed), held)
             pool.release(held)  # the tree keeps its reference
         write_behind = offload.write_behind

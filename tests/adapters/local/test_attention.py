@@ -22,19 +22,25 @@ PAGE, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
 
 
 def pool(pages: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer of a pool, as `KVPool` lays it out: `[kv_heads, pages, page_size, d]`."""
     gen = torch.Generator().manual_seed(0)
     return (
-        torch.randn(pages, PAGE, KV_HEADS, DIM, generator=gen),
-        torch.randn(pages, PAGE, KV_HEADS, DIM, generator=gen),
+        torch.randn(KV_HEADS, pages, PAGE, DIM, generator=gen),
+        torch.randn(KV_HEADS, pages, PAGE, DIM, generator=gen),
     )
+
+
+def by_token(layer: torch.Tensor) -> torch.Tensor:
+    """`[pages, page_size, kv_heads, d]`: a pool layer indexed page first, for the references."""
+    return layer.permute(1, 2, 0, 3)
 
 
 def dense(
     q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, pages: list[int], tokens: int
 ) -> torch.Tensor:
     """One query row over its context, gathered: `[heads * dim]`."""
-    keys = k_pages[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
-    values = v_pages[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
+    keys = by_token(k_pages)[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
+    values = by_token(v_pages)[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
     out = F.scaled_dot_product_attention(q[None, :, None], keys, values, enable_gqa=True)
     return out.reshape(-1)
 
@@ -78,12 +84,9 @@ def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
     n = 5
     q, k, v = torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
-    cached_k = torch.cat(
-        [k_pages[2:4].reshape(-1, KV_HEADS, DIM), k_pages[12].reshape(-1, KV_HEADS, DIM)[:3]]
-    )
-    cached_v = torch.cat(
-        [v_pages[2:4].reshape(-1, KV_HEADS, DIM), v_pages[12].reshape(-1, KV_HEADS, DIM)[:3]]
-    )
+    k_tok, v_tok = by_token(k_pages), by_token(v_pages)
+    cached_k = torch.cat([k_tok[2:4].reshape(-1, KV_HEADS, DIM), k_tok[12].reshape(-1, KV_HEADS, DIM)[:3]])
+    cached_v = torch.cat([v_tok[2:4].reshape(-1, KV_HEADS, DIM), v_tok[12].reshape(-1, KV_HEADS, DIM)[:3]])
     keys = torch.cat([cached_k, k]).transpose(0, 1)[None]
     values = torch.cat([cached_v, v]).transpose(0, 1)[None]
     mask = torch.arange(11 + n)[None, :] <= torch.arange(11, 11 + n)[:, None]

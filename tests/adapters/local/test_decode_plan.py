@@ -30,10 +30,10 @@ def runner(tiny_model: tuple[object, LoadedModel]) -> ModelRunner:
 def dense(runner: ModelRunner, q: torch.Tensor, runs: list[PageRun]) -> torch.Tensor:
     """One row over exactly the slots its runs show (layer 0), in fp32: `[heads * dim]`."""
     k_pages, v_pages = runner.pool.k[0].float(), runner.pool.v[0].float()
-    kv_heads, dim = k_pages.shape[2:]
+    kv_heads, dim = k_pages.shape[0], k_pages.shape[3]
     slots = torch.cat([torch.arange(r.tokens) + r.first_page * PAGE + r.skip for r in runs])
-    keys = k_pages.reshape(-1, kv_heads, dim)[slots].transpose(0, 1)[None]
-    values = v_pages.reshape(-1, kv_heads, dim)[slots].transpose(0, 1)[None]
+    keys = k_pages.reshape(kv_heads, -1, dim)[:, slots][None]
+    values = v_pages.reshape(kv_heads, -1, dim)[:, slots][None]
     out = F.scaled_dot_product_attention(q[None, :, None], keys, values, enable_gqa=True)
     return out.reshape(-1)
 
@@ -78,7 +78,7 @@ def test_rows_past_the_copy_budget_and_a_lone_row_read_long_runs_in_place(
 ) -> None:
     plan, _, _ = answers(runner, CONTEXTS[:1])
     assert [s.run for s in plan.runs] == [PageRun(0, 300)] and plan.gathered is None  # decode windows
-    kv_heads, dim = runner.pool.k.shape[3:]
+    kv_heads, dim = runner.pool.k.shape[1], runner.pool.k.shape[4]
     block = 2 * kv_heads * dim * runner.pool.k.element_size() * PAGE  # one page of K and V
     monkeypatch.setattr(runner_module, "GATHER_MAX_BYTES", 3 * 3 * block)  # three rows of up to three pages
     plan, out, expected = answers(runner, CONTEXTS)

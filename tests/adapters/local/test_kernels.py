@@ -34,6 +34,11 @@ from adapters.local.model import _rms_norm
 GGML = gguf.GGMLQuantizationType
 
 
+def by_token(layer: torch.Tensor) -> torch.Tensor:
+    """A pool layer (`[kv_heads, pages, page_size, d]`) indexed page first, for the references."""
+    return layer.permute(1, 2, 0, 3)
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
     built = load_kernel(tmp_path_factory.mktemp("kernels"))
@@ -221,10 +226,10 @@ def test_q8_linear_matches_the_dense_product(kernels: CpuKernels, rows: int) -> 
 def test_decode_attention_matches_sdpa_over_each_rows_pages(kernels: CpuKernels, lengths: list[int]) -> None:
     heads, kv_heads, dim, page_size = 9, 3, 64, 16
     needed = [-(-n // page_size) for n in lengths]
-    pool_k = torch.randn(sum(needed) + 8, page_size, kv_heads, dim)
-    pool_v = torch.randn(sum(needed) + 8, page_size, kv_heads, dim)
+    pool_k = torch.randn(kv_heads, sum(needed) + 8, page_size, dim)
+    pool_v = torch.randn(kv_heads, sum(needed) + 8, page_size, dim)
     # Scattered page tables: runs of consecutive pages broken at random, as a busy pool leaves them.
-    order = torch.randperm(pool_k.shape[0], generator=torch.Generator().manual_seed(len(lengths))).tolist()
+    order = torch.randperm(pool_k.shape[1], generator=torch.Generator().manual_seed(len(lengths))).tolist()
     tables, taken = [], 0
     for count in needed:
         pages = sorted(order[taken : taken + count]) if count % 2 else order[taken : taken + count]
@@ -234,8 +239,8 @@ def test_decode_attention_matches_sdpa_over_each_rows_pages(kernels: CpuKernels,
     q = torch.randn(len(lengths), heads, dim)
     out = kernels.decode_attention(q, pool_k, pool_v, plan)
     for row, (pages, tokens) in enumerate(zip(tables, lengths, strict=True)):
-        keys = pool_k[pages].view(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
-        values = pool_v[pages].view(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
+        keys = by_token(pool_k)[pages].reshape(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
+        values = by_token(pool_v)[pages].reshape(-1, kv_heads, dim)[:tokens].transpose(0, 1).unsqueeze(0)
         expected = F.scaled_dot_product_attention(
             q[row].unsqueeze(1).unsqueeze(0), keys, values, enable_gqa=True
         )
@@ -246,7 +251,7 @@ def test_decode_attention_over_a_shared_prefix_equals_each_row_alone(kernels: Cp
     """Rows on one cached prefix share its stretches (one unit of work for all of them); each row's
     result is bit for bit what it gets attended on its own."""
     heads, kv_heads, dim, page_size = 9, 3, 64, 16
-    pool_k, pool_v = torch.randn(120, page_size, kv_heads, dim), torch.randn(120, page_size, kv_heads, dim)
+    pool_k, pool_v = torch.randn(kv_heads, 120, page_size, dim), torch.randn(kv_heads, 120, page_size, dim)
     prefix = list(range(10, 74))  # 1,024 tokens: 8 shared stretches of 128
     tables = [[*prefix, 80 + 3 * row, 81 + 3 * row] for row in range(7)]  # each row's own 2 pages
     lengths = [1024 + 5 + 4 * row for row in range(7)]
@@ -256,8 +261,8 @@ def test_decode_attention_over_a_shared_prefix_equals_each_row_alone(kernels: Cp
     for row, context in enumerate(contexts):
         alone = kernels.decode_attention(q[row : row + 1], pool_k, pool_v, segments([context], page_size))
         assert torch.equal(together[row], alone[0])
-    keys = pool_k[tables[2]].view(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
-    values = pool_v[tables[2]].view(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
+    keys = by_token(pool_k)[tables[2]].reshape(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
+    values = by_token(pool_v)[tables[2]].reshape(-1, kv_heads, dim)[: lengths[2]].transpose(0, 1).unsqueeze(0)
     expected = F.scaled_dot_product_attention(q[2].unsqueeze(1).unsqueeze(0), keys, values, enable_gqa=True)
     torch.testing.assert_close(together[2], expected.reshape(heads * dim))
 
@@ -276,12 +281,12 @@ def test_prefill_attention_matches_sdpa_with_a_causal_chunk(
 ) -> None:
     heads, kv_heads, dim, page_size = 9, 3, 64, 16
     pages = tokens // page_size + 3
-    keys, values = torch.randn(pages, page_size, kv_heads, dim), torch.randn(pages, page_size, kv_heads, dim)
+    keys, values = torch.randn(kv_heads, pages, page_size, dim), torch.randn(kv_heads, pages, page_size, dim)
     context = torch.randperm(pages * page_size)[:tokens].to(torch.int32)  # slots in any order
     q = torch.randn(rows, heads, dim)
     got = kernels.prefill_attention(q, keys, values, context)
-    k = keys.view(-1, kv_heads, dim)[context.long()].transpose(0, 1).repeat_interleave(3, dim=0)
-    v = values.view(-1, kv_heads, dim)[context.long()].transpose(0, 1).repeat_interleave(3, dim=0)
+    k = keys.view(kv_heads, -1, dim)[:, context.long()].repeat_interleave(3, dim=0)
+    v = values.view(kv_heads, -1, dim)[:, context.long()].repeat_interleave(3, dim=0)
     visible = torch.arange(tokens)[None, :] <= (tokens - rows + torch.arange(rows))[:, None]
     expected = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=visible)
     torch.testing.assert_close(got, expected.transpose(0, 1).reshape(rows, heads * dim), rtol=1e-5, atol=1e-5)
@@ -301,7 +306,7 @@ def test_prefill_attention_refuses_shapes_it_does_not_handle(kernels: CpuKernels
     pool = torch.randn(2, 16, 2, 32)
     with pytest.raises(ValueError, match="shapes"):
         kernels.prefill_attention(torch.randn(3, 4, 32), pool, pool, torch.arange(10, dtype=torch.int32))
-    wide = torch.randn(2, 16, 1, 64)  # 13 query heads on one KV head: more than a unit's 12 queries
+    wide = torch.randn(1, 2, 16, 64)  # 13 query heads on one KV head: more than a unit's 12 queries
     with pytest.raises(ValueError, match="shapes"):
         kernels.prefill_attention(torch.randn(3, 13, 64), wide, wide, torch.arange(10, dtype=torch.int32))
 
@@ -320,7 +325,7 @@ def test_rope_store_rotates_q_and_k_and_writes_k_and_v_to_their_slots(kernels: C
     slots = torch.randperm(8 * 16, generator=generator)[:rows]
     angles = torch.arange(512, dtype=torch.float32)[:, None] * (1e4 ** -(torch.arange(0, dim, 2) / dim))
     cos_half, sin_half = angles.cos(), angles.sin()
-    keys, values = torch.zeros(8, 16, kv_heads, dim), torch.zeros(8, 16, kv_heads, dim)
+    keys, values = torch.zeros(kv_heads, 8, 16, dim), torch.zeros(kv_heads, 8, 16, dim)
 
     q = kernels.rope_store(qkv, heads, positions, cos_half, sin_half, keys, values, slots)
 
@@ -329,11 +334,13 @@ def test_rope_store_rotates_q_and_k_and_writes_k_and_v_to_their_slots(kernels: C
     sin = torch.cat([-sin_half[positions], sin_half[positions]], dim=-1).unsqueeze(1)
     rotated = heads_of[:, : heads + kv_heads] * cos + heads_of[:, : heads + kv_heads].roll(dim // 2, -1) * sin
     torch.testing.assert_close(q, rotated[:, :heads])
-    torch.testing.assert_close(keys.view(-1, kv_heads, dim)[slots], rotated[:, heads:])
-    assert torch.equal(values.view(-1, kv_heads, dim)[slots], heads_of[:, heads + kv_heads :])
+    torch.testing.assert_close(keys.view(kv_heads, -1, dim)[:, slots].transpose(0, 1), rotated[:, heads:])
+    assert torch.equal(
+        values.view(kv_heads, -1, dim)[:, slots].transpose(0, 1), heads_of[:, heads + kv_heads :]
+    )
     untouched = torch.ones(8 * 16, dtype=torch.bool)
     untouched[slots] = False
-    assert not keys.view(-1, kv_heads, dim)[untouched].any()
+    assert not keys.view(kv_heads, -1, dim)[:, untouched].any()
 
 
 def test_swiglu_matches_torch(kernels: CpuKernels) -> None:

@@ -88,6 +88,6 @@ def test_keys_shift_in_a_half_pool_as_in_fp32(
         pool.k.copy_(keys)
         loaded.model.shift_keys(pool, [0, 2], 37)
     exact, half = pools[torch.float32].k, pools[half_type].k.float()
-    assert torch.equal(half[:, 1], keys[:, 1].to(half_type).float())  # untouched page
-    assert not torch.allclose(exact[:, 0], keys[:, 0], atol=0.1)  # really rotated
+    assert torch.equal(half[:, :, 1], keys[:, :, 1].to(half_type).float())  # untouched page
+    assert not torch.allclose(exact[:, :, 0], keys[:, :, 0], atol=0.1)  # really rotated
     torch.testing.assert_close(half, exact, atol=atol, rtol=rtol)

@@ -228,10 +228,10 @@ def test_shifted_keys_equal_keys_rotated_at_the_new_position(
     raw = torch.randn(LAYERS, PAGE, KV_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0))
     reference = Reference({})
     at = [reference.rope(raw[:, i], 300 + i) for i in range(PAGE)]
-    pool.k[:, 2] = torch.stack(at, dim=1)
+    pool.page_keys(2)[...] = torch.stack(at, dim=2)
     model.shift_keys(pool, list(range(2 * PAGE, 3 * PAGE)), 172)
-    moved = torch.stack([reference.rope(raw[:, i], 128 + i) for i in range(PAGE)], dim=1)
-    torch.testing.assert_close(pool.k[:, 2], moved, rtol=1e-5, atol=1e-5)
+    moved = torch.stack([reference.rope(raw[:, i], 128 + i) for i in range(PAGE)], dim=2)
+    torch.testing.assert_close(pool.page_keys(2), moved, rtol=1e-5, atol=1e-5)
 
 
 def test_window_settings_that_cannot_work_are_refused() -> None:
@@ -358,7 +358,7 @@ def test_the_sinks_keys_do_not_drift_over_thousands_of_slides(
     engine.step()  # the prompt: its keys are the model's; the sinks' are replaced by known ones
     page = engine.seq.pages[0]
     for i in range(SPEC.sinks):
-        engine.pool.k[:, page, i] = rope(raw[:, i], i)
+        engine.pool.page_keys(page)[:, :, i] = rope(raw[:, i], i)
     for _ in range(2000):
         engine.seq.tokens.append(3)
         step = engine.scheduler.schedule()
@@ -367,6 +367,6 @@ def test_the_sinks_keys_do_not_drift_over_thousands_of_slides(
         engine.seq.num_computed += 1
     window = engine.seq.window
     assert window is not None and window.begin > 1900
-    live = engine.pool.k[:, engine.seq.pages[0], : SPEC.sinks]
-    exact = torch.stack([rope(raw[:, i], i + window.head_offset) for i in range(SPEC.sinks)], dim=1)
+    live = engine.pool.page_keys(engine.seq.pages[0])[:, :, : SPEC.sinks]
+    exact = torch.stack([rope(raw[:, i], i + window.head_offset) for i in range(SPEC.sinks)], dim=2)
     torch.testing.assert_close(live, exact, rtol=1e-6, atol=1e-6)
