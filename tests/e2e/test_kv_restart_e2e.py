@@ -3,10 +3,18 @@ runs it (a real process, the default SmolLM2 model, the openai SDK), restarted b
 
 Requests carry `Cache-Control: no-store`, so the response cache stays out of the way and the engine
 runs every one; greedy answers are compared with the first run, computed from scratch.
+
+The engine runs its exact mode (`EXACT`: fp32 decode weights, so an fp32 pool). Where the C kernels
+do not run, the default decodes on torch's packed int4 products, which round unlike the fp32
+products of prompt rows: a prompt whose 832 of 840 tokens come from the cache computes its last 8
+as decode-sized rows and may answer otherwise than a cold prefill, with no disk involved (seen with
+AVX2 code: the second ask of one process already differed). These tests are about what reads back
+from disk; the exact mode makes an answer independent of how its prompt is split on every host.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +36,7 @@ SYSTEM = " ".join(
 )
 QUESTION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is rule 7?"}]
 NO_STORE = {"Cache-Control": "no-store"}
+EXACT = {"RADIXGATE_LOCAL_ENGINE__DECODE_WEIGHTS": "fp32"}
 
 
 def _free_port() -> int:
@@ -45,6 +54,7 @@ def serve(cache_dir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     process = subprocess.Popen(
         [*command, "--log-level", "info"],
         cwd=ROOT,
+        env={**os.environ, **EXACT},
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
