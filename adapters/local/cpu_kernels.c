@@ -34,9 +34,9 @@ int cpu_kernels_supported(void) {
    The pool's layout: slot s of KV head j is at s * ts + j * hs (head-major: ts = 64, so a stretch
    of consecutive slots is one contiguous piece of memory per head). Each stretch is attended by
    every KV head in turn, taking the queries of that head's group (4 at a time, so their 64-wide
-   outputs stay in registers), keeping the queries' maximum score, sum of exponentials and unnormalized output;
-   a row's stretches are merged by their maxima at the end (splitting a softmax is exact up to
-   rounding, as FlashAttention's blocks are). */
+   outputs stay in registers), keeping the queries' maximum score, sum of exponentials and
+   unnormalized output; a row's stretches are merged by their maxima at the end (splitting a
+   softmax is exact up to rounding, as FlashAttention's blocks are). */
 
 #define HEAD_DIM 64
 #define QUERY_BLOCK 4

@@ -16,8 +16,9 @@ finite numbers (0 * NaN would poison the softmax).
 The layout is head-major, `[layers, kv_heads, pages, page_size, head_dim]`: a run of consecutive
 pages is one contiguous `[tokens, head_dim]` matrix per KV head, the shape attention kernels read
 fastest. Token-major (every head of a slot together) made torch's flash kernel read each head's
-keys at a stride of `kv_heads * head_dim`: one decode row over 2,176 tokens, 30 layers, took 17.0
-ms (bfloat16, its best split into windows) against 9.1 ms head-major on an AMD EPYC (Zen 4).
+keys at a stride of `kv_heads * head_dim`: its attention for one decode row over 2,176 tokens, 30
+layers, took 17.0 ms (bfloat16, its best split into windows) against 9.1 ms head-major on an AMD
+EPYC (Zen 4).
 """
 
 from __future__ import annotations
@@ -165,10 +166,11 @@ class KVPool:
         """A view of `page`'s values, `page_shape`."""
         return self.v[:, :, page]
 
-    def slots(self, layer: torch.Tensor) -> torch.Tensor:
-        """One layer's K (or V), `[kv_heads, pages, page_size, d]`, as `[kv_heads, slots, d]` (token
-        slot `page * page_size + i`)."""
-        return layer.view(layer.shape[0], -1, layer.shape[-1])
+    @staticmethod
+    def slots(keys: torch.Tensor) -> torch.Tensor:
+        """The pool's K or V (or one layer of it), `[..., pages, page_size, d]`, viewed as `[...,
+        slots, d]`: token slot `page * page_size + i`."""
+        return keys.view(*keys.shape[:-3], -1, keys.shape[-1])
 
     def export_page(self, page: int, header: bytes = b"") -> bytes:
         """`header`, then `page`'s K then V, every layer, as raw bytes of the pool's dtype in C order

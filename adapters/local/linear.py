@@ -26,6 +26,7 @@ Only the copy a mode uses is kept: int8 spares the 4-byte copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -286,7 +287,7 @@ def build_linear(
     "int8" and the CPU has VNNI; an interleaved Q8_0 matrix (`{name}.packed/.scale`, no dense copy)
     packed, or unpacked where the kernels do not run. `copy`: every tensor kept is a copy, none a
     view of `tensors` (see `owned`)."""
-    take = owned if copy else _contiguous
+    take = kept(copy)
     if f"{name}.packed" not in tensors:
         return DenseLinear(take(tensors[f"{name}_t"].to(dtype)))
     packed, scale = take(tensors[f"{name}.packed"]), take(tensors[f"{name}.scale"])
@@ -313,6 +314,12 @@ def owned(tensor: torch.Tensor) -> torch.Tensor:
     leaves the fp32 copies unread) copies what it keeps, so the mapping goes with the checkpoint
     and its resident memory is what it holds (measured ~9 MB less at run time than views)."""
     return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def kept(copy: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a model keeps a checkpoint's tensor: `owned` (a copy) when `copy`, else contiguous (a view
+    of the checkpoint where it already is)."""
+    return owned if copy else _contiguous
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:

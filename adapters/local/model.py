@@ -38,7 +38,7 @@ from adapters.local.config import DecodeWeights, PrefillActivations
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
-from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, merged_spans, owned
+from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, kept, merged_spans
 from adapters.local.stock_linear import build_stock_linear
 
 DECODE_WINDOWS = 4
@@ -135,8 +135,7 @@ class LlamaModel:
         copy = vnni_prefill or self.serves_packed
 
         def get(name: str) -> torch.Tensor:
-            tensor = tensors[name].to(dtype)
-            return owned(tensor) if copy else tensor.contiguous()
+            return kept(copy)(tensors[name].to(dtype))
 
         def linear(name: str) -> Linear:
             if self.serves_packed:
@@ -222,8 +221,8 @@ class LlamaModel:
                 qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
                 q, k = qk[:, :n_q], qk[:, n_q:]
                 v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
-                pool.slots(k_pages).index_copy_(1, batch.slots, k.transpose(0, 1).to(k_pages.dtype))
-                pool.slots(v_pages).index_copy_(1, batch.slots, v.transpose(0, 1).to(v_pages.dtype))
+                KVPool.slots(k_pages).index_copy_(1, batch.slots, k.transpose(0, 1).to(k_pages.dtype))
+                KVPool.slots(v_pages).index_copy_(1, batch.slots, v.transpose(0, 1).to(v_pages.dtype))
             attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
@@ -245,8 +244,7 @@ class LlamaModel:
         half = self._half
         angles = shift * self._inv_freq.double()
         index = torch.tensor(slots, dtype=torch.long)
-        layers, kv_heads, _, _, head_dim = pool.k.shape
-        flat = pool.k.view(layers, kv_heads, -1, head_dim)
+        flat = KVPool.slots(pool.k)
         keys = flat.index_select(2, index if sources is None else torch.tensor(sources, dtype=torch.long))
         cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
         low, high = keys[..., :half], keys[..., half:]
@@ -279,8 +277,7 @@ class LlamaModel:
         cos_half, sin_half = self._cos_half[batch.positions], self._sin_half[batch.positions]
         rope = torch.diag_embed(torch.cat([cos_half, cos_half], dim=-1))
         rope.addcmul_(self._roll, torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1))
-        layers = len(self.layers)
-        k_slots, v_slots = pool.k.view(layers, n_kv, -1, hd), pool.v.view(layers, n_kv, -1, hd)
+        k_slots, v_slots = KVPool.slots(pool.k), KVPool.slots(pool.v)
         windows = None
         if plan.segments is None and len(plan.runs) == 1 and not plan.merge and plan.gathered is None:
             run = plan.runs[0].run

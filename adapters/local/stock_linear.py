@@ -36,6 +36,7 @@ from adapters.local.linear import (
     RowSpans,
     by_output,
     dequantize_q8_0,
+    kept,
     owned,
 )
 
@@ -164,8 +165,7 @@ def build_stock_linear(
     the dense weights are copies (`owned`), not views of the checkpoint."""
 
     def dense() -> DenseLinear:
-        weight = tensors[f"{name}_t"].to(dtype)
-        return DenseLinear(owned(weight) if copy else weight.contiguous())
+        return DenseLinear(kept(copy)(tensors[f"{name}_t"].to(dtype)))
 
     if f"{name}.packed" not in tensors:
         return dense()
