@@ -121,7 +121,9 @@ class EngineCore:
         """`drafter`: speculative decoding's draft source for the jobs that ask for it; None: off."""
         self.runner = runner
         self.drafter = drafter
-        self.emitter = TokenEmitter(scheduler, tokenizer.eos_id, max_context, drafter)
+        self.emitter = TokenEmitter(
+            scheduler, tokenizer.eos_id, max_context, drafter, runner.model.decode_row_limit
+        )
         self.cache = cache
         self.scheduler = scheduler
         self.tokenizer = tokenizer

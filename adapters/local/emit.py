@@ -28,8 +28,9 @@ from adapters.local.scheduler import ScheduledStep, Scheduler
 from adapters.local.sequence import ChoiceDelta, Sequence, Status
 
 MAX_DECODE_ROWS = FUSED_MAX_ROWS
-"""Decode rows a step may grow to with draft tokens: within the exact kernel's rows per call, so a
-draft row is computed as it would be as the sequence's next decode row."""
+"""Decode rows a step may grow to with draft tokens, at most: within the exact kernel's rows per
+call, so a draft row is computed as it would be as the sequence's next decode row. A model may
+allow fewer (`LlamaModel.decode_row_limit`)."""
 
 
 def can_speculate(params: SamplingParams) -> bool:
@@ -41,19 +42,29 @@ class TokenEmitter:
     """Drafts before a step and turns its logits into `ChoiceDelta`s after it. Engine thread only."""
 
     def __init__(
-        self, scheduler: Scheduler, eos_id: int | None, max_context: int, drafter: Drafter | None
+        self,
+        scheduler: Scheduler,
+        eos_id: int | None,
+        max_context: int,
+        drafter: Drafter | None,
+        max_rows: int | None = None,
     ) -> None:
+        """`max_rows`: the most rows a decode step may have with its drafts (see `draft`); None:
+        `MAX_DECODE_ROWS`."""
         self.scheduler = scheduler
+        self.max_rows = min(max_rows or MAX_DECODE_ROWS, MAX_DECODE_ROWS)
         self.eos_id = eos_id
         self.max_context = max_context
         self.drafter = drafter
 
     def draft(self, step: ScheduledStep) -> None:
         """Give each decoding sequence that speculates its draft for this step, within the step's
-        verification rows (`MAX_DECODE_ROWS`), its token limit and the context."""
+        rows (`max_rows`), its token limit and the context. Drafts only fill rows a step has to
+        spare: a full batch's products are compute-bound, so verification rows would cost it more
+        than they save, and past the model's row limit its products take a slower kernel."""
         if self.drafter is None:
             return
-        budget = MAX_DECODE_ROWS - len(step.decodes)
+        budget = self.max_rows - len(step.decodes)
         for seq in step.decodes:
             if seq.spec is None or budget <= 0:
                 continue

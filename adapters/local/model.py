@@ -39,7 +39,8 @@ from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, kept, merged_spans
-from adapters.local.stock_linear import build_stock_linear
+from adapters.local.matmul_attention import matmul_attends, run_matmul_attention
+from adapters.local.stock_linear import INT4_MAX_ROWS, build_stock_linear
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -127,6 +128,9 @@ class LlamaModel:
         and its own slots."""
         self.serves_packed = self._kernels is None and decode_weights == "packed"
         """Decode rows multiply packed weights in torch's kernels (`stock_linear`), and torch attends."""
+        self.decode_row_limit = INT4_MAX_ROWS if self.serves_packed else None
+        """Most rows a decode step multiplies in its cheap kernel (past it, torch's path multiplies them
+        all on the fp32 copy), so the room for speculative drafts; None: no limit of the model's own."""
 
         # Keep copies, not views of the checkpoint's file, where part of the file goes unread: int8
         # prefill leaves its fp32 copies unread, and torch's path its packed nibbles once converted
@@ -268,8 +272,9 @@ class LlamaModel:
         sequence every op costs more in dispatch than in arithmetic. RoPE is one batched matmul
         by a per-row rotation matrix (built once per step, shared by all layers), K/V go to the
         pool through flat per-layer views, residual adds ride on the matmuls (`addmm_`), and a
-        plan with a single page run (one stream, or streams on one shared prefix) is attended in
-        windows of the run (`windowed_attention`) over views of the pool built once per step."""
+        plan with a single page run (one stream, or streams on one shared prefix) is attended by two
+        matmuls (`matmul_attention`) or in windows of the run (`windowed_attention`), over views of
+        the pool built once per step."""
         spec = self.spec
         n_q, n_kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         rows, qk_width, ffn = plan.count, (n_q + n_kv) * hd, spec.intermediate_size
@@ -278,11 +283,11 @@ class LlamaModel:
         rope = torch.diag_embed(torch.cat([cos_half, cos_half], dim=-1))
         rope.addcmul_(self._roll, torch.cat([-sin_half, sin_half], dim=-1).unsqueeze(1))
         k_slots, v_slots = KVPool.slots(pool.k), KVPool.slots(pool.v)
-        windows = None
+        windows, by_matmul = None, matmul_attends(pool.k.dtype)
         if plan.segments is None and len(plan.runs) == 1 and not plan.merge and plan.gathered is None:
             run = plan.runs[0].run
             count = max(1, min(DECODE_WINDOWS, run.tokens // DECODE_WINDOW_MIN_TOKENS))
-            windows = run_windows(pool.k, pool.v, run, count)
+            windows = run_windows(pool.k, pool.v, run, 1 if by_matmul else count)
         eps = spec.rms_norm_eps
         kernels = self._kernels
         norm = self._norm(_rms_norm)
@@ -297,7 +302,8 @@ class LlamaModel:
             if plan.segments is not None and kernels is not None:
                 attn = kernels.decode_attention(q.contiguous(), pool.k[index], pool.v[index], plan.segments)
             elif windows is not None:
-                attn = windowed_attention(q, windows.keys[index], windows.values[index], windows.mask)
+                over_run = run_matmul_attention if by_matmul else windowed_attention
+                attn = over_run(q, windows.keys[index], windows.values[index], windows.mask)
             else:
                 attn = decode_attention(q, pool.k[index], pool.v[index], plan)
             layer.wo.addmm_(x, attn, decode_rows=rows)
