@@ -73,6 +73,7 @@ def main() -> None:
         "--no-c-kernels", action="store_true", help="c_kernels = false: torch's kernels on any host"
     )
     parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
+    parser.add_argument("--no-speculation", action="store_true", help="speculative = false (batching alone)")
     parser.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     args = parser.parse_args()
     only = set(args.only) - ({"memory"} if args.skip_memory else set())
@@ -84,6 +85,7 @@ def main() -> None:
         c_kernels=not args.no_c_kernels,
         decode_weights=args.decode_weights,
         kv_dtype=args.kv_dtype,
+        speculative=not args.no_speculation,
     )
     loaded = _load_off_main(config)
     reference_model = ReferenceProcess(args.threads) if only & {"prefill", "decode"} else None
