@@ -58,12 +58,16 @@ def half_kv_dtype() -> KVDType:
     and 16 rows 844 / 478 / 395 ms. A bfloat16 value is a float32's top half, so it converts by a
     shift on any CPU. On the Intel Xeon with AVX512-FP16 the three ran alike, and float16 keeps 10
     mantissa bits to bfloat16's 7 (`benchmarks/results/engine_quantized.md`)."""
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", None)
+    return "float16" if onednn_reports("_is_mkldnn_fp16_supported") else "bfloat16"
+
+
+def onednn_reports(probe_name: str) -> bool:
+    """What oneDNN's probe `torch.ops.mkldnn.<probe_name>` says; False without the probe or oneDNN."""
+    probe = getattr(torch.ops.mkldnn, probe_name, None)
     try:
-        native = bool(probe()) if probe is not None else False
+        return bool(probe()) if probe is not None else False
     except RuntimeError:  # a build without oneDNN
-        native = False
-    return "float16" if native else "bfloat16"
+        return False
 
 
 def dtype_name(dtype: torch.dtype) -> str:

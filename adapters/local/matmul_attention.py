@@ -25,7 +25,7 @@ import platform
 
 import torch
 
-MATMUL_DTYPES = (torch.float32, torch.bfloat16)
+from adapters.local.kv_pool import onednn_reports
 
 
 def matmul_attends(dtype: torch.dtype) -> bool:
@@ -38,11 +38,7 @@ def matmul_attends(dtype: torch.dtype) -> bool:
 def native_bf16_matmul() -> bool:
     """oneDNN may use bfloat16 instructions (it honours `ONEDNN_MAX_CPU_ISA`), and on x86 the CPU
     has them (AVX512-BF16 or AMX): without them oneDNN emulates bfloat16 far slower than flash."""
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        allowed = bool(probe()) if probe is not None else False
-    except RuntimeError:  # a build without oneDNN
-        return False
+    allowed = onednn_reports("_is_mkldnn_bf16_supported")
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return allowed  # ARM: oneDNN reports bf16 only where the CPU has its dot products
     return allowed and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
