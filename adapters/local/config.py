@@ -15,7 +15,7 @@ from typing import Literal
 
 DType = Literal["float32", "bfloat16"]
 EvictionPolicy = Literal["lru", "fifo"]
-PrefillActivations = Literal["int8", "fp32"]
+PrefillActivations = Literal["auto", "int8", "fp32"]
 DecodeWeights = Literal["packed", "fp32"]
 KVDType = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -135,9 +135,9 @@ class LocalEngineConfig:
     """Where the C kernels do not run: "packed" multiplies decode rows with the GGUF's packed
     weights through torch's own weight-only kernels (AVX2, AVX-512, NEON; `stock_linear`): Q4_1
     layers as int4 (bf16 scales and activations), a Q8_0 head as int8 per output, reading ~0.6
-    bytes per weight a step instead of 4; prompt rows stay exact. "fp32": dense fp32 weights for
-    every row, exact (the reference-parity tests run so). Where the C kernels run, decode rows
-    are exact in them either way."""
+    bytes per weight a step instead of 4; prompt rows as `prefill_activations` says. "fp32": dense
+    fp32 weights for every row, exact (the reference-parity tests run so). Where the C kernels run,
+    decode rows are exact in them either way."""
     kv_dtype: KVDType = DEFAULT_KV_DTYPE
     """Keys and values in the KV pool. "auto": a half type (`kv_pool.half_kv_dtype`: float16 where the
     CPU has fp16 arithmetic, else bfloat16) where torch's attention serves packed decode weights
@@ -145,16 +145,19 @@ class LocalEngineConfig:
     pages; the exact mode stays exact). A half type halves what attention reads
     a step and what a cached or offloaded page takes; attention still accumulates in fp32. With an
     explicit half type the C kernels still multiply, and torch's flash kernel attends."""
-    prefill_activations: PrefillActivations = "int8"
-    """Activations of prompt rows, in their products with Q4_1 weights, for prompts longer than 64
-    tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): "int8" quantizes each row per
-    block of 32 (scale max|x| / 127), as GGUF engines do, and multiplies in the C kernel with
-    AVX-512 VNNI: these products run ~2x faster than MKL on fp32 (`benchmarks/RESULTS.md`,
-    "## engine"), at ~0.5 % relative error per product. "fp32" keeps them exact (MKL on the
-    dequantized weights), as the reference-parity tests need. Decode rows are exact either way.
-    Which rows are int8 depends only on each row's own request, never on what else is in the step,
-    so batching, chunking and a cached prefix change no token. Without VNNI (or the kernels), "int8"
-    runs as "fp32"."""
+    prefill_activations: PrefillActivations = "auto"
+    """Prompt rows' products (and, on torch's packed path, those of decode steps past
+    `stock_linear.INT4_MAX_ROWS` rows). "int8", where the C kernels run with AVX-512 VNNI, for
+    prompts longer than 64 tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): each row
+    quantized per block of 32 (scale max|x| / 127), as GGUF engines do, times the Q4_1 weights in
+    the C kernel, ~2x faster than MKL on fp32 at ~0.5 % relative error per product
+    (`benchmarks/RESULTS.md`, "## engine"); which rows are int8 depends only on each row's own
+    request, so batching, chunking and a cached prefix change no token. "auto": that, and on torch's
+    packed path (`decode_weights`) a bfloat16 copy of the weights multiplied in oneDNN where the CPU
+    multiplies bfloat16 natively (`stock_linear.prompt_weights_dtype`: ~4x faster than MKL on fp32 on
+    an AMD Zen 4, half the memory, as the packed decode rows already round activations to bfloat16).
+    "fp32": exact, MKL on the dequantized weights, as the reference-parity tests need. Without VNNI
+    (or the kernels) "int8" runs as "fp32", and so does "auto" without native bfloat16."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None
@@ -224,8 +227,10 @@ class LocalEngineConfig:
             raise ValueError("max_cached_tokens must be >= 0")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
-        if self.prefill_activations not in ("int8", "fp32"):
-            raise ValueError(f"prefill_activations must be int8 or fp32, not {self.prefill_activations!r}")
+        if self.prefill_activations not in ("auto", "int8", "fp32"):
+            raise ValueError(
+                f"prefill_activations must be auto, int8 or fp32, not {self.prefill_activations!r}"
+            )
         if self.decode_weights not in ("packed", "fp32"):
             raise ValueError(f"decode_weights must be packed or fp32, not {self.decode_weights!r}")
         if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16"):

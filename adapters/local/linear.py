@@ -79,7 +79,9 @@ class Linear(Protocol):
 
 @dataclass(slots=True)
 class DenseLinear:
-    """A dense weight, stored transposed (`[in, out]`, see `gguf_convert._t`)."""
+    """A dense weight, stored transposed (`[in, out]`, see `gguf_convert._t`). In the model's dtype,
+    or bfloat16 for torch's packed path's prompt rows (`stock_linear.prompt_weights_dtype`): then
+    the rows multiply as bfloat16 and come back in their own dtype."""
 
     weight_t: torch.Tensor
 
@@ -88,11 +90,16 @@ class DenseLinear:
         return self.weight_t.numel() * self.weight_t.element_size()
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        if x.dtype != self.weight_t.dtype:
+            return (x.to(self.weight_t.dtype) @ self.weight_t).to(x.dtype)
         return x @ self.weight_t
 
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
     ) -> None:
+        if x.dtype != self.weight_t.dtype:
+            out.add_(x.to(self.weight_t.dtype) @ self.weight_t)
+            return
         out.addmm_(x, self.weight_t)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

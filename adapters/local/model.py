@@ -6,8 +6,8 @@ whole batch. Only attention depends on each sequence's pages (see `attention`): 
 attend per run of pages, shared runs once for all their rows; a prefill chunk attends over its
 prefix runs and, causally, itself. New K/V is written into the pool before attention reads it.
 
-A step of decode rows only takes a leaner path (`LlamaModel._decode`): one row per sequence
-makes every op's dispatch cost more than its arithmetic, so it runs as few ops per layer as it can.
+A step of decode rows only takes a leaner path (`LlamaModel._decode`): one row per sequence makes
+every op's dispatch cost more than its arithmetic, so it runs as few ops per layer as it can.
 
 Logits are computed only for the rows the sampler reads (`logit_rows`), which saves the
 `[tokens, vocab]` head matmul that a plain forward over a prompt computes.
@@ -40,7 +40,7 @@ from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, kept, merged_spans
 from adapters.local.matmul_attention import matmul_attends, run_matmul_attention
-from adapters.local.stock_linear import INT4_MAX_ROWS, build_stock_linear
+from adapters.local.stock_linear import INT4_MAX_ROWS, build_stock_linear, prompt_weights_dtype
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -129,22 +129,24 @@ class LlamaModel:
         self.serves_packed = self._kernels is None and decode_weights == "packed"
         """Decode rows multiply packed weights in torch's kernels (`stock_linear`), and torch attends."""
         self.decode_row_limit = INT4_MAX_ROWS if self.serves_packed else None
-        """Most rows a decode step multiplies in its cheap kernel (past it, torch's path multiplies them
-        all on the fp32 copy), so the room for speculative drafts; None: no limit of the model's own."""
+        """Most rows a decode step multiplies in its cheap kernel (past it, all on the dense copy), so
+        the room for speculative drafts; None: no limit of the model's own."""
 
         # Keep copies, not views of the checkpoint's file, where part of the file goes unread: int8
         # prefill leaves its fp32 copies unread, and torch's path its packed nibbles once converted
         # (as views, the ~80 MB of them read once would stay resident; see `linear.owned`).
-        vnni_prefill = prefill_activations == "int8" and self._kernels is not None and self._kernels.vnni
-        copy = vnni_prefill or self.serves_packed
+        int8_prefill: PrefillActivations = "fp32" if prefill_activations == "fp32" else "int8"
+        vnni = self._kernels is not None and self._kernels.vnni
+        copy = self.serves_packed or (int8_prefill == "int8" and vnni)
+        prompt_dtype = prompt_weights_dtype(prefill_activations, dtype)
 
         def get(name: str) -> torch.Tensor:
             return kept(copy)(tensors[name].to(dtype))
 
         def linear(name: str) -> Linear:
             if self.serves_packed:
-                return build_stock_linear(tensors, name, dtype, copy=copy)
-            return build_linear(tensors, name, dtype, kernel, prefill_activations, copy=copy)
+                return build_stock_linear(tensors, name, dtype, copy=copy, prompt_dtype=prompt_dtype)
+            return build_linear(tensors, name, dtype, kernel, int8_prefill, copy=copy)
 
         self.embed = get("embed") if "embed" in tensors else None
         """`[vocab, hidden]` when untied; None: tokens are looked up in the head's rows."""
@@ -196,10 +198,8 @@ class LlamaModel:
         last = len(self.layers) - 1
         norm = self._norm(_fused_rms_norm)
         contexts = None
-        if (
-            self.kernel_attends(pool) and spec.num_heads // spec.num_kv_heads <= KERNEL_MAX_GROUP
-        ):  # once a step
-            contexts = [
+        if self.kernel_attends(pool) and spec.num_heads // spec.num_kv_heads <= KERNEL_MAX_GROUP:
+            contexts = [  # once a step
                 context_slots(seg.prefix, batch.slots[seg.start : seg.start + seg.length], pool.page_size)
                 for seg in batch.prefills
             ]

@@ -15,11 +15,13 @@ AVX-512 and NEON code chosen at run time (`torch.backends.cpu.get_cpu_capability
 Both take bf16 activations and give bf16 outputs (their fp32 paths are scalar code on x86).
 Measured in `benchmarks/results/engine_quantized.md` (`python -m benchmarks.engine.products`): one
 row's 120 layer products with torch's AVX2 code in 8.8 ms against 19.5 for MKL on fp32. Prompt
-chunks are compute-bound, and there these kernels lose to MKL (512 rows: 0.7-4.4 s against
-0.4-0.6), so prompt rows keep the exact fp32 product, and so do the decode rows of a step with
-more than `INT4_MAX_ROWS` of them. Which rows are which the caller says (`decode_rows`: a step's
-decode rows come first), so up to that many a row's arithmetic depends on its own request, never on
-what shares its step.
+chunks are compute-bound, and there these kernels lose to a dense product (512 rows: 0.7-4.4 s
+against 0.4-0.6 for MKL on fp32), so prompt rows, and the decode rows of a step with more than
+`INT4_MAX_ROWS` of them, multiply a dense copy of the weights: bfloat16 in oneDNN where the CPU
+multiplies bfloat16 natively (`prompt_weights_dtype`; 512 rows 190 ms against 733 for MKL on fp32
+on an AMD Zen 4, half the memory), else fp32 in MKL, exact. Which rows are which the caller says
+(`decode_rows`: a step's decode rows come first), so up to that many a row's arithmetic depends on
+its own request, never on what shares its step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.local.config import PrefillActivations
 from adapters.local.linear import (
     GROUP,
     Q4_1_BLOCK,
@@ -39,52 +42,64 @@ from adapters.local.linear import (
     kept,
     owned,
 )
+from adapters.local.matmul_attention import native_bf16_matmul
 
 INT4_MAX_ROWS = 16
 """Most decode rows a product takes through the int4 kernel; a step with more (a full batch,
-speculative verification rows) multiplies them all on the exact fp32 copy in MKL, which wins there
-with AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`). Up to
-this many, a row's result does not depend on the rows beside it."""
+speculative verification rows) multiplies them all on the dense copy, where fp32 in MKL wins with
+AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`), and so does
+bfloat16 in oneDNN (64 rows). Up to this many, a row's result does not depend on the rows beside
+it."""
 INT4_INNER_K_TILES = 1
 """`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
 _ACTIVATIONS = torch.bfloat16
 
 
+def prompt_weights_dtype(prefill_activations: PrefillActivations, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the dense copy that torch's packed path multiplies prompt rows with: bfloat16
+    for "auto" in a float32 model where oneDNN multiplies bfloat16 natively (AVX512-BF16, AMX,
+    ARM's bf16 dot products: `native_bf16_matmul`), else `dtype` (emulated bfloat16 is slower than
+    fp32 in MKL; "fp32" asks for exact prompt products)."""
+    if prefill_activations == "auto" and dtype == torch.float32 and native_bf16_matmul():
+        return torch.bfloat16
+    return dtype
+
+
 @dataclass(slots=True)
 class Int4Linear:
     """A Q4_1 weight `[out, in]` as torch's int4 pack (`packed` `[out, in/2]` uint8,
-    `scales_zeros` `[in/32, out, 2]` bf16) for decode rows, and `exact` (the dense copy) for the
-    rest."""
+    `scales_zeros` `[in/32, out, 2]` bf16) for decode rows, and `dense` (the dense copy, see
+    `prompt_weights_dtype`) for the rest."""
 
     packed: torch.Tensor
     scales_zeros: torch.Tensor
-    exact: DenseLinear
+    dense: DenseLinear
 
     @property
     def nbytes(self) -> int:
         parts = (self.packed, self.scales_zeros)
-        return sum(t.numel() * t.element_size() for t in parts) + self.exact.nbytes
+        return sum(t.numel() * t.element_size() for t in parts) + self.dense.nbytes
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         if decode_rows == 0 or decode_rows > INT4_MAX_ROWS:
-            return self.exact.mm(x)
+            return self.dense.mm(x)
         compact = self._compact(x[:decode_rows])
         if decode_rows == x.shape[0]:
             return compact
-        return torch.cat([compact, self.exact.mm(x[decode_rows:])])
+        return torch.cat([compact, self.dense.mm(x[decode_rows:])])
 
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
     ) -> None:
         if decode_rows > INT4_MAX_ROWS:
-            decode_rows = 0  # all rows exact, in one MKL call
+            decode_rows = 0  # all rows on the dense copy, in one call
         if decode_rows:
             out[:decode_rows].add_(self._compact(x[:decode_rows]))
         if decode_rows < x.shape[0]:
-            self.exact.addmm_(out[decode_rows:], x[decode_rows:])
+            self.dense.addmm_(out[decode_rows:], x[decode_rows:])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.exact.rows(ids)
+        return self.dense.rows(ids)
 
     def _compact(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -131,7 +146,7 @@ class Int8Head:
 
 
 def int4_linear(
-    packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, exact: DenseLinear
+    packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dense: DenseLinear
 ) -> Int4Linear:
     """`Int4Linear` from a Q4_1 weight in the C kernels' layout (`linear.interleave_q4_1`:
     `packed` `[out/16, in/2, 16]`, `scale`, `offset` `[out/16, in/32, 16]`)."""
@@ -142,7 +157,7 @@ def int4_linear(
     by_input = scale.permute(1, 0, 2).reshape(scale.shape[1], -1)  # [in/32, out]
     zero = offset.permute(1, 0, 2).reshape(offset.shape[1], -1) + 8 * by_input
     scales_zeros = torch.stack([by_input, zero], dim=-1).to(_ACTIVATIONS).contiguous()
-    return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, exact=exact)
+    return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, dense=dense)
 
 
 def int8_head(
@@ -158,19 +173,25 @@ def int8_head(
 
 
 def build_stock_linear(
-    tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype, *, copy: bool = False
+    tensors: dict[str, torch.Tensor],
+    name: str,
+    dtype: torch.dtype,
+    *,
+    copy: bool = False,
+    prompt_dtype: torch.dtype | None = None,
 ) -> Linear:
     """The weight `name` from a checkpoint (see `gguf_convert`) for a model the C kernels do not run:
-    a Q4_1 layer matrix as `Int4Linear`, a Q8_0 head as `Int8Head`, anything else dense. `copy`:
-    the dense weights are copies (`owned`), not views of the checkpoint."""
+    a Q4_1 layer matrix as `Int4Linear` (its dense copy in `prompt_dtype`, default `dtype`), a Q8_0
+    head as `Int8Head`, anything else dense. `copy`: the dense weights are copies (`owned`), not
+    views of the checkpoint."""
 
-    def dense() -> DenseLinear:
-        return DenseLinear(kept(copy)(tensors[f"{name}_t"].to(dtype)))
+    def dense(in_dtype: torch.dtype) -> DenseLinear:
+        return DenseLinear(kept(copy)(tensors[f"{name}_t"].to(in_dtype)))
 
     if f"{name}.packed" not in tensors:
-        return dense()
+        return dense(dtype)
     packed, scale = tensors[f"{name}.packed"], tensors[f"{name}.scale"]
     if f"{name}.offset" in tensors:
-        return int4_linear(packed, scale, tensors[f"{name}.offset"], dense())
+        return int4_linear(packed, scale, tensors[f"{name}.offset"], dense(prompt_dtype or dtype))
     qs, q8_scale = by_output(packed), by_output(scale)
     return int8_head(dequantize_q8_0(qs, q8_scale), q8=(qs, q8_scale))

@@ -107,6 +107,10 @@ def _mkl(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return x @ weight_t
 
 
+def _bf16_dense(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    return (x.to(torch.bfloat16) @ weight_t).float()
+
+
 def _per_channel(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`dense` [n, k] as int8 [n, k] and bf16 scales [n] (max |w| / 127 per output)."""
     scale = dense.abs().amax(1).clamp(min=1e-12) / 127
@@ -131,6 +135,9 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
     out: dict[str, list[Product]] = {
         "fp32 (MKL)": [partial(_mkl, weight_t=w.t().contiguous()) for w in dense]
     }
+    out["bf16 dense (oneDNN), bf16 x"] = [
+        partial(_bf16_dense, weight_t=w.t().contiguous().bfloat16()) for w in dense
+    ]
     # fp32 activations run scalar code on x86 in both torch ops (their vector paths take bf16).
     int4 = []
     for q, scale, offset in parts:

@@ -5,11 +5,14 @@ without the C kernels, the path of every host without AVX-512), and a half-preci
 - perplexity of a long text (`docs/architecture.md`, first `PPL_TOKENS` tokens), every token
   teacher-forced as a decode row, so every product is the mode's decode product;
 - greedy agreement: 32 tokens on the 20 prompts of `int8_quality` (~1,000 tokens each), from an
-  engine in each mode;
+  engine in each mode (so its prompt rows as `prefill_activations` says: "auto" multiplies them
+  on a bfloat16 copy where the CPU has bfloat16 arithmetic);
 - the answer to "What is the capital of France?" in each mode.
 
     .venv/bin/python -m benchmarks.engine.quality --threads 2
     .venv/bin/python -m benchmarks.engine.quality --threads 2 --kv-dtypes float32 float16 bfloat16
+    .venv/bin/python -m benchmarks.engine.quality --threads 2 --kv-dtypes bfloat16 \
+        --prefill-activations auto fp32
 """
 
 from __future__ import annotations
@@ -82,20 +85,36 @@ def main() -> None:
         default=["float32"],
         help="pools of the packed modes",
     )
+    parser.add_argument(
+        "--prefill-activations",
+        nargs="+",
+        choices=["auto", "fp32"],
+        default=["auto"],
+        help="prompt rows of the packed modes (auto: bfloat16 where the CPU multiplies it natively)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = LocalEngineConfig(threads=args.threads, c_kernels=False)
-    exact = replace(base, decode_weights="fp32", kv_dtype="float32")
-    configs = {"fp32": exact} | {
-        f"packed/{kv}": replace(base, decode_weights="packed", kv_dtype=kv) for kv in args.kv_dtypes
+    exact = replace(base, decode_weights="fp32", kv_dtype="float32", prefill_activations="fp32")
+    packed = {
+        f"packed/{kv}/{prompt}": replace(
+            base, decode_weights="packed", kv_dtype=kv, prefill_activations=prompt
+        )
+        for kv in args.kv_dtypes
+        for prompt in args.prefill_activations
     }
-    models = {weights: load_model(replace(base, decode_weights=weights)) for weights in ("packed", "fp32")}
+    configs = {"fp32": exact} | packed
+
+    def weights(config: LocalEngineConfig) -> tuple[str, str]:
+        return config.decode_weights, config.prefill_activations
+
+    models = {weights(config): load_model(config) for config in configs.values()}
 
     def model(mode: str) -> LoadedModel:
-        return models[configs[mode].decode_weights]
+        return models[weights(configs[mode])]
 
-    text_ids = models["fp32"].tokenizer.encode(CONTEXT_FILE.read_text())[:PPL_TOKENS]
-    batch = prompts(models["fp32"])
+    text_ids = model("fp32").tokenizer.encode(CONTEXT_FILE.read_text())[:PPL_TOKENS]
+    batch = prompts(model("fp32"))
     answers = {mode: greedy(config, model(mode), batch) for mode, config in configs.items()}
     report: dict[str, object] = {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -1,7 +1,7 @@
-"""The default prefill mode (`prefill_activations = "int8"`): the rows of prompts longer than 64
-tokens multiply int8-quantized activations with the Q4_1 weights (VNNI). It keeps no fp32 copy of those
-weights; on these prompts its greedy answers are the exact mode's, token for token; and batching,
-chunking and a cached prefix change no token in it either."""
+"""The C kernels' part of the default prefill mode (`prefill_activations` "auto", or "int8"): the
+rows of prompts longer than 64 tokens multiply int8-quantized activations with the Q4_1 weights
+(VNNI). It keeps no fp32 copy of those weights; on these prompts its greedy answers are the exact
+mode's, token for token; and batching, chunking and a cached prefix change no token in it either."""
 
 from __future__ import annotations
 
@@ -85,5 +85,7 @@ def test_int8_prefill_keeps_the_engines_shortcuts_exact(int8_model: LoadedModel)
 
 
 def test_prefill_activations_is_checked() -> None:
+    for mode in ("auto", "int8", "fp32"):
+        replace(TEST_CONFIG, prefill_activations=mode).validate()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prefill_activations"):
         replace(TEST_CONFIG, prefill_activations="int4").validate()  # type: ignore[arg-type]

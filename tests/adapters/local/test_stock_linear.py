@@ -1,6 +1,7 @@
 """Decode rows on packed weights through torch's kernels (`stock_linear`): the path of every host
-without the C kernels, run here on any host (`c_kernels = False`). Products close to the exact
-ones, prompt rows exact, batched answers the single ones but at near ties, the usual answers unchanged."""
+without the C kernels, run here on any host (`c_kernels = False`), in its shipped prompt mode
+(`prefill_activations = "auto"`). Products close to the exact ones, prompt rows exact or, on a
+bfloat16 copy, close, batched answers the single ones but at near ties, the usual answers unchanged."""
 
 from __future__ import annotations
 
@@ -13,17 +14,24 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from adapters.local import LocalEngine
+from adapters.local import LocalEngine, stock_linear
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.linear import DenseLinear, dequantize_q8_0, interleave_q4_1
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams, TokenLogprob
-from adapters.local.stock_linear import INT4_MAX_ROWS, Int4Linear, Int8Head, int4_linear, int8_head
+from adapters.local.stock_linear import (
+    INT4_MAX_ROWS,
+    Int4Linear,
+    Int8Head,
+    int4_linear,
+    int8_head,
+    prompt_weights_dtype,
+)
 from tests.adapters.local.conftest import TEST_CONFIG, chat
 from tests.adapters.local.test_equivalence import chat_ids
 from tests.adapters.local.test_kernels import _gguf_tensor, _q4_1_weight
 
-STOCK = replace(TEST_CONFIG, c_kernels=False, decode_weights="packed")
+STOCK = replace(TEST_CONFIG, c_kernels=False, decode_weights="packed", prefill_activations="auto")
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -71,6 +79,41 @@ def test_int4_rows_do_not_depend_on_what_shares_the_call() -> None:
         assert torch.equal(linear.mm(x[row : row + 1], decode_rows=1)[0], together[row])
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_prompt_rows_take_a_bfloat16_copy_only_where_the_cpu_multiplies_it(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    monkeypatch.setattr(stock_linear, "native_bf16_matmul", lambda: native)
+    assert prompt_weights_dtype("auto", torch.float32) == (torch.bfloat16 if native else torch.float32)
+    assert prompt_weights_dtype("fp32", torch.float32) == torch.float32  # exact, as asked
+    assert prompt_weights_dtype("int8", torch.float32) == torch.float32  # the C kernels' mode
+    assert prompt_weights_dtype("auto", torch.bfloat16) == torch.bfloat16  # the model's own dtype
+
+
+@pytest.mark.parametrize("decode_rows", [0, 2, INT4_MAX_ROWS + 1])
+def test_rows_on_a_bfloat16_copy_are_close_and_keep_their_dtype(decode_rows: int) -> None:
+    """Prompt rows (and all rows of a step past `INT4_MAX_ROWS`) on the bfloat16 copy: within
+    bfloat16 rounding of the exact product, returned in float32; the int4 rows are as they were."""
+    tensor, weight = _q4_1_weight(96, 128, seed=11)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    weight_t = weight.t().contiguous()
+    half = int4_linear(packed, scale, offset, DenseLinear(weight_t.bfloat16()))
+    exact = int4_linear(packed, scale, offset, DenseLinear(weight_t))
+    x = torch.randn(INT4_MAX_ROWS + 4, 128)
+    expected = x @ weight_t
+    got = half.mm(x, decode_rows=decode_rows)
+    assert got.dtype == torch.float32
+    assert _relative_error(got, expected) < 1e-2
+    dense = 0 if decode_rows > INT4_MAX_ROWS else decode_rows  # rows on the int4 kernel
+    assert torch.equal(got[:dense], exact.mm(x, decode_rows=decode_rows)[:dense])
+    assert not torch.equal(got[dense:], expected[dense:])  # rounded: the copy really is bfloat16
+    residual = torch.randn(x.shape[0], 96)
+    into = residual.clone()
+    half.addmm_(into, x, decode_rows=decode_rows)
+    assert into.dtype == torch.float32
+    assert _relative_error(into - residual, expected) < 1e-2
+
+
 def test_int8_head_is_close_and_looks_tokens_up_exactly() -> None:
     values = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32) * 0.05
     qs, scale = _q8_0_parts(_gguf_tensor(values, GGMLQuantizationType.Q8_0))  # type: ignore[arg-type]
@@ -100,9 +143,11 @@ def stock_engine(stock: LoadedModel) -> Iterator[LocalEngine]:
 @pytest.mark.slow
 def test_layers_and_head_take_torchs_packed_kernels(stock: LoadedModel) -> None:
     assert not stock.model.attends_in_kernel
+    prompt_dtype = prompt_weights_dtype("auto", torch.float32)  # bfloat16 only where it is native
     for layer in stock.model.layers:
         for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
             assert isinstance(linear, Int4Linear)
+            assert linear.dense.weight_t.dtype == prompt_dtype
     assert isinstance(stock.model.lm_head, Int8Head)
 
 
