@@ -9,23 +9,25 @@ AVX-512 and NEON code chosen at run time (`torch.backends.cpu.get_cpu_capability
 - `_weight_int4pack_mm_for_cpu` (groups of 32 inputs, as Q4_1's blocks) for the layer matrices:
   Q4_1's `d * q + m` is its `(q - 8) * scale + zero` with `zero = m + 8 d`, so the nibbles go in
   as they are and only `d` and `zero` are rounded (to bf16, the type its vector code takes).
-- `_weight_int8pack_mm` (int8 per output channel) for a Q8_0 head: the head multiplies only the
-  rows that give logits, and its 28 MB of int8 read faster than 113 MB of fp32.
+- for the Q8_0 head (it multiplies only the rows that give logits), fbgemm's fp16 GEMM where torch
+  has fbgemm (x86: `fbgemm_fp16`), fp32 rows in and out; elsewhere `_weight_int8pack_mm` (int8 per
+  output channel), whose 28 MB read faster than 113 MB of fp32.
 
-Both take bf16 activations and give bf16 outputs (their fp32 paths are scalar code on x86).
-Measured in `benchmarks/results/engine_quantized.md` (`python -m benchmarks.engine.products`): one
-row's 120 layer products with torch's AVX2 code in 8.8 ms against 19.5 for MKL on fp32. Prompt
-chunks are compute-bound, and there these kernels lose to a dense product (512 rows: 0.7-4.4 s
-against 0.4-0.6 for MKL on fp32), so prompt rows, and the decode rows of a step with more than
-`INT4_MAX_ROWS` of them, multiply a dense copy of the weights: bfloat16 in oneDNN where the CPU
-multiplies bfloat16 natively (`prompt_weights_dtype`; 512 rows 190 ms against 733 for MKL on fp32
-on an AMD Zen 4, half the memory), else fp32 in MKL, exact. Which rows are which the caller says
-(`decode_rows`: a step's decode rows come first), so up to that many a row's arithmetic depends on
-its own request, never on what shares its step.
+The int4 and int8 kernels take bf16 activations and give bf16 outputs (their fp32 paths are scalar
+code on x86). Measured in `benchmarks/results/engine_quantized.md` (`python -m
+benchmarks.engine.products`): one row's 120 layer products with torch's AVX2 code in 8.8 ms against
+19.5 for MKL on fp32. Prompt chunks are compute-bound, and there these kernels lose to a dense
+product (512 rows: 0.7-4.4 s against 0.4-0.6 for MKL on fp32), so prompt rows, and the decode rows
+of a step with more than `INT4_MAX_ROWS` of them, multiply a dense copy of the weights: bfloat16 in
+oneDNN where the CPU multiplies bfloat16 natively (`prompt_weights_dtype`; 512 rows 339-358 ms
+against 758-816 for MKL on fp32 on an AMD Zen 4, half the memory), else fp32 in MKL, exact. Which
+rows are which the caller says (`decode_rows`: a step's decode rows come first), so up to that many
+a row's arithmetic depends on its own request, never on what shares its step.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -108,29 +110,41 @@ class Int4Linear:
         return y.to(x.dtype)
 
 
-@dataclass(slots=True)
-class Int8Head:
-    """The head `[vocab, hidden]` as int8 per output channel (`weight` int8, `scales` `[vocab]`
-    bf16) for every row it multiplies (only rows that give logits reach it), and a `table` for
-    token lookups of a tied embedding: the exact weight, or the Q8_0 blocks (`q8`) it came from."""
+@dataclass(slots=True, frozen=True)
+class TokenTable:
+    """Token lookups of a tied embedding whose head multiplies in a packed form: the exact weight
+    (`table`), or the Q8_0 blocks (`q8`, `[vocab, hidden]` int8 and `[vocab, hidden/32]` fp32
+    scales) it came from, dequantized as `gguf` does."""
 
-    weight: torch.Tensor
-    scales: torch.Tensor
     table: Linear | None = None
     q8: tuple[torch.Tensor, torch.Tensor] | None = None
-    """Q8_0 `[vocab, hidden]` int8 and `[vocab, hidden/32]` fp32 scales: embeddings as `gguf` gives."""
+
+    def __post_init__(self) -> None:
+        if self.table is None and self.q8 is None:
+            raise ValueError("a head needs the exact weight or its Q8_0 blocks for token lookups")
 
     @property
     def nbytes(self) -> int:
-        parts = [self.weight, self.scales, *(self.q8 or ())]
+        parts = self.q8 or ()
         table = self.table.nbytes if self.table is not None else 0
         return int(sum(t.numel() * t.element_size() for t in parts)) + table
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.q8 is not None:
+            qs, scale = self.q8
+            return dequantize_q8_0(qs[ids], scale[ids])
+        assert self.table is not None  # `__post_init__`
+        return self.table.rows(ids)
+
+
+@dataclass(slots=True)
+class _PackedHead:
+    """What the packed heads share: token lookups, and the residual add of their product."""
+
+    tokens: TokenTable
+
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
-            x.to(_ACTIVATIONS).contiguous(), self.weight, self.scales
-        )
-        return y.to(x.dtype)
+        raise NotImplementedError
 
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
@@ -138,11 +152,63 @@ class Int8Head:
         out.add_(self.mm(x))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.q8 is not None:
-            qs, scale = self.q8
-            return dequantize_q8_0(qs[ids], scale[ids])
-        assert self.table is not None  # one of the two is always kept (`int8_head`)
-        return self.table.rows(ids)
+        return self.tokens.rows(ids)
+
+
+@dataclass(slots=True)
+class Int8Head(_PackedHead):
+    """The head `[vocab, hidden]` as int8 per output channel (`weight` int8, `scales` `[vocab]`
+    bf16) for every row it multiplies (only rows that give logits reach it): where torch has no
+    fbgemm (`fbgemm_fp16`)."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.weight, self.scales)
+        return int(sum(t.numel() * t.element_size() for t in parts)) + self.tokens.nbytes
+
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
+            x.to(_ACTIVATIONS).contiguous(), self.weight, self.scales
+        )
+        return y.to(x.dtype)
+
+
+@dataclass(slots=True)
+class Fp16Head(_PackedHead):
+    """The head `[vocab, hidden]` as fp16 weights packed for fbgemm's fp16 GEMM, fp32 rows in and
+    out. Faster than `Int8Head` at every row count measured, and closer to the exact product (no
+    bf16 rounding of activations or logits; 2e-4 relative error against int8's 3e-3): one row
+    1.9 ms against 2.4 with AVX-512 code (2.0 against 3.3 with AVX2 code), 16 rows 6.4 against 12.4
+    (7.2 against 15.4), streamed from memory on an AMD Zen 4 (`benchmarks/results/engine_quantized.md`).
+    A row's result does not depend on the rows beside it (tested)."""
+
+    packed: torch.ScriptObject
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        vocab, hidden = self.shape
+        return vocab * hidden * 2 + self.tokens.nbytes
+
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        rows = x.to(torch.float32).contiguous()
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
+        return y.to(x.dtype)
+
+
+@functools.cache
+def fbgemm_fp16() -> bool:
+    """Whether this torch multiplies by fbgemm's fp16 GEMM: x86 builds have fbgemm, ARM's do not
+    (there the op raises, and the head takes `Int8Head`)."""
+    try:
+        packed = torch.ops.quantized.linear_prepack_fp16(torch.zeros(GROUP, GROUP), None)
+        torch.ops.quantized.linear_dynamic_fp16(torch.zeros(1, GROUP), packed)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
 
 
 def int4_linear(
@@ -160,16 +226,23 @@ def int4_linear(
     return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, dense=dense)
 
 
-def int8_head(
-    weight: torch.Tensor, *, table: Linear | None = None, q8: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> Int8Head:
+def int8_head(weight: torch.Tensor, tokens: TokenTable) -> Int8Head:
     """`Int8Head` of the `[vocab, hidden]` fp32 `weight`: each output's int8 values scaled by its
-    max |w| / 127. Token lookups from `q8` (Q8_0 blocks by output) where given, else `table`."""
-    if table is None and q8 is None:
-        raise ValueError("int8_head needs the exact weight or its Q8_0 blocks for token lookups")
+    max |w| / 127."""
     scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
     quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return Int8Head(weight=owned(quantized), scales=scale.to(_ACTIVATIONS), table=table, q8=q8)
+    return Int8Head(weight=owned(quantized), scales=scale.to(_ACTIVATIONS), tokens=tokens)
+
+
+def fp16_head(weight: torch.Tensor, tokens: TokenTable) -> Fp16Head:
+    """`Fp16Head` of the `[vocab, hidden]` fp32 `weight` (fbgemm copies it into its own layout)."""
+    packed = torch.ops.quantized.linear_prepack_fp16(weight.to(torch.float32).contiguous(), None)
+    return Fp16Head(packed=packed, shape=(weight.shape[0], weight.shape[1]), tokens=tokens)
+
+
+def packed_head(weight: torch.Tensor, tokens: TokenTable) -> Int8Head | Fp16Head:
+    """The head for this host: `Fp16Head` where torch has fbgemm, else `Int8Head`."""
+    return fp16_head(weight, tokens) if fbgemm_fp16() else int8_head(weight, tokens)
 
 
 def build_stock_linear(
@@ -182,8 +255,8 @@ def build_stock_linear(
 ) -> Linear:
     """The weight `name` from a checkpoint (see `gguf_convert`) for a model the C kernels do not run:
     a Q4_1 layer matrix as `Int4Linear` (its dense copy in `prompt_dtype`, default `dtype`), a Q8_0
-    head as `Int8Head`, anything else dense. `copy`: the dense weights are copies (`owned`), not
-    views of the checkpoint."""
+    head as `packed_head` chooses, anything else dense. `copy`: the dense weights are copies
+    (`owned`), not views of the checkpoint."""
 
     def dense(in_dtype: torch.dtype) -> DenseLinear:
         return DenseLinear(kept(copy)(tensors[f"{name}_t"].to(in_dtype)))
@@ -194,4 +267,4 @@ def build_stock_linear(
     if f"{name}.offset" in tensors:
         return int4_linear(packed, scale, tensors[f"{name}.offset"], dense(prompt_dtype or dtype))
     qs, q8_scale = by_output(packed), by_output(scale)
-    return int8_head(dequantize_q8_0(qs, q8_scale), q8=(qs, q8_scale))
+    return packed_head(dequantize_q8_0(qs, q8_scale), TokenTable(q8=(qs, q8_scale)))

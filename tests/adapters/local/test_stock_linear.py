@@ -21,10 +21,15 @@ from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams, TokenLogprob
 from adapters.local.stock_linear import (
     INT4_MAX_ROWS,
+    Fp16Head,
     Int4Linear,
     Int8Head,
+    TokenTable,
+    fbgemm_fp16,
+    fp16_head,
     int4_linear,
     int8_head,
+    packed_head,
     prompt_weights_dtype,
 )
 from tests.adapters.local.conftest import TEST_CONFIG, chat
@@ -114,17 +119,54 @@ def test_rows_on_a_bfloat16_copy_are_close_and_keep_their_dtype(decode_rows: int
     assert _relative_error(into - residual, expected) < 1e-2
 
 
-def test_int8_head_is_close_and_looks_tokens_up_exactly() -> None:
-    values = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32) * 0.05
+def _q8_0_head(rows: int = 64, width: int = 96) -> tuple[torch.Tensor, TokenTable]:
+    """A Q8_0 head's exact weights, and the lookup table of its blocks."""
+    values = np.random.default_rng(2).standard_normal((rows, width)).astype(np.float32) * 0.05
     qs, scale = _q8_0_parts(_gguf_tensor(values, GGMLQuantizationType.Q8_0))  # type: ignore[arg-type]
-    weight = dequantize_q8_0(qs, scale)
-    head = int8_head(weight, q8=(qs, scale))
+    return dequantize_q8_0(qs, scale), TokenTable(q8=(qs, scale))
+
+
+def test_int8_head_is_close_and_looks_tokens_up_exactly() -> None:
+    weight, tokens = _q8_0_head()
+    head = int8_head(weight, tokens)
     x = torch.randn(5, 96)
     assert _relative_error(head.mm(x), x @ weight.t()) < 1e-2
     ids = torch.tensor([7, 0, 63])
     assert torch.equal(head.rows(ids), weight[ids])
     with pytest.raises(ValueError, match="token lookups"):
-        int8_head(weight)
+        TokenTable()
+
+
+@pytest.mark.skipif(not fbgemm_fp16(), reason="fbgemm is x86-only; Int8Head serves there (tested above)")
+def test_fp16_head_is_closer_than_int8_and_keeps_rows_apart() -> None:
+    weight, tokens = _q8_0_head()
+    head = fp16_head(weight, tokens)
+    x = torch.randn(INT4_MAX_ROWS, 96)
+    expected = x @ weight.t()
+    got = head.mm(x)
+    assert got.dtype == torch.float32
+    assert _relative_error(got, expected) < 1e-3  # fp16 weights, fp32 rows
+    assert _relative_error(got, expected) < _relative_error(int8_head(weight, tokens).mm(x), expected)
+    for row in (0, 5, INT4_MAX_ROWS - 1):  # a row's logits do not depend on what shares the call
+        assert torch.equal(head.mm(x[row : row + 1])[0], got[row])
+    residual = torch.randn(INT4_MAX_ROWS, 64)
+    into = residual.clone()
+    head.addmm_(into, x)
+    torch.testing.assert_close(into, residual + got)
+    assert head.mm(x.bfloat16()).dtype == torch.bfloat16  # a bfloat16 model's rows come back so
+    assert torch.equal(head.rows(torch.tensor([3, 63])), weight[[3, 63]])
+
+
+@pytest.mark.parametrize("fbgemm", [True, False])
+def test_the_head_takes_fbgemm_where_torch_has_it(monkeypatch: pytest.MonkeyPatch, fbgemm: bool) -> None:
+    if fbgemm and not fbgemm_fp16():
+        pytest.skip("fbgemm is x86-only")
+    monkeypatch.setattr(stock_linear, "fbgemm_fp16", lambda: fbgemm)
+    weight, tokens = _q8_0_head()
+    head = packed_head(weight, tokens)
+    assert isinstance(head, Fp16Head if fbgemm else Int8Head)
+    x = torch.randn(3, 96)
+    assert _relative_error(head.mm(x), x @ weight.t()) < 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +190,7 @@ def test_layers_and_head_take_torchs_packed_kernels(stock: LoadedModel) -> None:
         for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
             assert isinstance(linear, Int4Linear)
             assert linear.dense.weight_t.dtype == prompt_dtype
-    assert isinstance(stock.model.lm_head, Int8Head)
+    assert isinstance(stock.model.lm_head, Fp16Head if fbgemm_fp16() else Int8Head)
 
 
 @pytest.mark.slow
@@ -163,8 +205,8 @@ path is not bitwise batch-invariant: decode attention is split by page runs and 
 prefixes, cached pages, gathered rests differ with what shares a step), the flash kernel's result
 for a row depends on how many rows share its call, and RoPE differs between decode-only and mixed
 steps. Those last-bit differences flip bf16 roundings of the int4 kernel's activations, which moved
-a token's logprob by up to 0.12 (measured: `benchmarks/results/engine_quantized.md`); and the int8
-head's bf16 logits step by 0.125 between 16 and 32, so exact ties are common."""
+a token's logprob by up to 0.12 (measured: `benchmarks/results/engine_quantized.md`); and where the
+head is int8 (no fbgemm) its bf16 logits step by 0.125 between 16 and 32, so exact ties are common."""
 LOGPROBS = SamplingParams(max_tokens=24, temperature=0.0, logprobs=True, top_logprobs=2)
 
 
