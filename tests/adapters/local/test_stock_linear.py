@@ -138,7 +138,7 @@ def test_int8_head_is_close_and_looks_tokens_up_exactly() -> None:
 
 
 @pytest.mark.skipif(not fbgemm_fp16(), reason="fbgemm is x86-only; Int8Head serves there (tested above)")
-def test_fp16_head_is_closer_than_int8_and_keeps_rows_apart() -> None:
+def test_fp16_head_is_closer_than_int8_and_its_rows_differ_by_the_call_in_last_bits_only() -> None:
     weight, tokens = _q8_0_head()
     head = fp16_head(weight, tokens)
     x = torch.randn(INT4_MAX_ROWS, 96)
@@ -147,8 +147,8 @@ def test_fp16_head_is_closer_than_int8_and_keeps_rows_apart() -> None:
     assert got.dtype == torch.float32
     assert _relative_error(got, expected) < 1e-3  # fp16 weights, fp32 rows
     assert _relative_error(got, expected) < _relative_error(int8_head(weight, tokens).mm(x), expected)
-    for row in (0, 5, INT4_MAX_ROWS - 1):  # a row's logits do not depend on what shares the call
-        assert torch.equal(head.mm(x[row : row + 1])[0], got[row])
+    for rows in (1, 2, 7):  # a row's logits depend on what shares the call only in their last bits
+        torch.testing.assert_close(head.mm(x[:rows]), got[:rows], rtol=0, atol=1e-5 * float(got.abs().max()))
     residual = torch.randn(INT4_MAX_ROWS, 64)
     into = residual.clone()
     head.addmm_(into, x)
