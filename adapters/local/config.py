@@ -136,9 +136,9 @@ class LocalEngineConfig:
     weights through torch's own weight-only kernels (AVX2, AVX-512, NEON; `stock_linear`): Q4_1
     layers as int4 (bf16 scales and activations), reading ~0.6 bytes per weight a step instead of 4,
     and a Q8_0 head as fp16 in fbgemm (x86) or int8 per output (`stock_linear.packed_head`); prompt
-    rows as `prefill_activations` says. "fp32": dense
-    fp32 weights for every row, exact (the reference-parity tests run so). Where the C kernels run,
-    decode rows are exact in them either way."""
+    rows as `prefill_activations` says. "fp32": dense fp32 weights for every row, exact (the
+    reference-parity tests run so). Where the C kernels run, decode rows are exact in them either
+    way."""
     kv_dtype: KVDType = DEFAULT_KV_DTYPE
     """Keys and values in the KV pool. "auto": a half type (`kv_pool.half_kv_dtype`: float16 where the
     CPU has fp16 arithmetic, else bfloat16) where torch's attention serves packed decode weights
@@ -157,9 +157,8 @@ class LocalEngineConfig:
     packed path (`decode_weights`) a bfloat16 copy of the weights multiplied in oneDNN where the CPU
     multiplies bfloat16 natively (`stock_linear.prompt_weights_dtype`: ~2.3x faster than MKL on fp32
     on an AMD Zen 4, half the memory, as the packed decode rows already round activations to
-    bfloat16).
-    "fp32": exact, MKL on the dequantized weights, as the reference-parity tests need. Without VNNI
-    (or the kernels) "int8" runs as "fp32", and so does "auto" without native bfloat16."""
+    bfloat16). "fp32": exact, MKL on the dequantized weights, as the reference-parity tests need.
+    Without VNNI (or the kernels) "int8" runs as "fp32", and so does "auto" without native bfloat16."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None

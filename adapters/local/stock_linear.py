@@ -28,6 +28,7 @@ a row's arithmetic depends on its own request, never on what shares its step.
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -138,13 +139,14 @@ class TokenTable:
 
 
 @dataclass(slots=True)
-class _PackedHead:
+class _PackedHead(ABC):
     """What the packed heads share: token lookups, and the residual add of their product."""
 
     tokens: TokenTable
 
+    @abstractmethod
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
-        raise NotImplementedError
+        """The logits of rows `x`, in `x`'s dtype."""
 
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
@@ -208,8 +210,8 @@ def fbgemm_fp16() -> bool:
     try:
         packed = torch.ops.quantized.linear_prepack_fp16(torch.zeros(GROUP, GROUP), None)
         torch.ops.quantized.linear_dynamic_fp16(torch.zeros(1, GROUP), packed)
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
+    except (RuntimeError, AttributeError, NotImplementedError):  # torch's dispatcher raises the
+        return False  # last for an op whose backend (fbgemm) this build lacks
     return True
 
 
