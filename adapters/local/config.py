@@ -154,11 +154,13 @@ class LocalEngineConfig:
     the C kernel, ~2x faster than MKL on fp32 at ~0.5 % relative error per product
     (`benchmarks/RESULTS.md`, "## engine"); which rows are int8 depends only on each row's own
     request, so batching, chunking and a cached prefix change no token. "auto": that, and on torch's
-    packed path (`decode_weights`) a bfloat16 copy of the weights multiplied in oneDNN where the CPU
-    multiplies bfloat16 natively (`stock_linear.prompt_weights_dtype`: ~2.3x faster than MKL on fp32
-    on an AMD Zen 4, half the memory, as the packed decode rows already round activations to
-    bfloat16). "fp32": exact, MKL on the dequantized weights, as the reference-parity tests need.
-    Without VNNI (or the kernels) "int8" runs as "fp32", and so does "auto" without native bfloat16."""
+    packed path (`decode_weights`) the fastest dense copy of the weights the host has
+    (`stock_linear.prompt_weights`): bfloat16 in oneDNN where the CPU multiplies bfloat16 natively
+    (~2.3x faster than MKL on fp32 on an AMD Zen 4, as the packed decode rows already round
+    activations to bfloat16), else fp16 weights in fbgemm with fp32 rows where torch has fbgemm
+    (x86), both half the fp32 copy's memory. "fp32": exact, MKL on the dequantized weights, as the
+    reference-parity tests need. Without VNNI (or the kernels) "int8" runs as "fp32", and so does
+    "auto" on a host with neither (ARM without bf16 dot products)."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""
     max_context: int | None = None

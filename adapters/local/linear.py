@@ -80,7 +80,7 @@ class Linear(Protocol):
 @dataclass(slots=True)
 class DenseLinear:
     """A dense weight, stored transposed (`[in, out]`, see `gguf_convert._t`). In the model's dtype,
-    or bfloat16 for torch's packed path's prompt rows (`stock_linear.prompt_weights_dtype`): then
+    or bfloat16 for torch's packed path's prompt rows (`stock_linear.prompt_weights`): then
     the rows multiply as bfloat16 and come back in their own dtype."""
 
     weight_t: torch.Tensor

@@ -40,7 +40,7 @@ from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import Linear, RowSpans, build_linear, clip_spans, kept, merged_spans
 from adapters.local.matmul_attention import matmul_attends, run_matmul_attention
-from adapters.local.stock_linear import INT4_MAX_ROWS, build_stock_linear, prompt_weights_dtype
+from adapters.local.stock_linear import INT4_MAX_ROWS, build_stock_linear, prompt_weights
 
 DECODE_WINDOWS = 4
 """Windows one page run is cut into for decode attention: 4 x 3 KV heads = 12 work units keep two
@@ -138,14 +138,14 @@ class LlamaModel:
         int8_prefill: PrefillActivations = "fp32" if prefill_activations == "fp32" else "int8"
         vnni = self._kernels is not None and self._kernels.vnni
         copy = self.serves_packed or (int8_prefill == "int8" and vnni)
-        prompt_dtype = prompt_weights_dtype(prefill_activations, dtype)
+        prompt = prompt_weights(prefill_activations, dtype)
 
         def get(name: str) -> torch.Tensor:
             return kept(copy)(tensors[name].to(dtype))
 
         def linear(name: str) -> Linear:
             if self.serves_packed:
-                return build_stock_linear(tensors, name, dtype, copy=copy, prompt_dtype=prompt_dtype)
+                return build_stock_linear(tensors, name, dtype, copy=copy, prompt=prompt)
             return build_linear(tensors, name, dtype, kernel, int8_prefill, copy=copy)
 
         self.embed = get("embed") if "embed" in tensors else None

@@ -18,11 +18,13 @@ code on x86). Measured in `benchmarks/results/engine_quantized.md` (`python -m
 benchmarks.engine.products`): one row's 120 layer products with torch's AVX2 code in 8.8 ms against
 19.5 for MKL on fp32. Prompt chunks are compute-bound, and there these kernels lose to a dense
 product (512 rows: 0.7-4.4 s against 0.4-0.6 for MKL on fp32), so prompt rows, and the decode rows
-of a step with more than `INT4_MAX_ROWS` of them, multiply a dense copy of the weights: bfloat16 in
-oneDNN where the CPU multiplies bfloat16 natively (`prompt_weights_dtype`; 512 rows 339-358 ms
-against 758-816 for MKL on fp32 on an AMD Zen 4, half the memory), else fp32 in MKL, exact. Which
-rows are which the caller says (`decode_rows`: a step's decode rows come first), so up to that many
-a row's arithmetic depends on its own request, never on what shares its step.
+of a step with more than `INT4_MAX_ROWS` of them, multiply a dense copy of the weights, the fastest
+this host has (`prompt_weights`): bfloat16 in oneDNN where the CPU multiplies bfloat16 natively
+(512 rows 339-358 ms against 758-816 for MKL on fp32 on an AMD Zen 4); else fp16 weights in fbgemm's
+fp16 GEMM with fp32 rows where torch has fbgemm (x86 without native bfloat16: AVX2 hosts, the first
+AVX-512 ones); else fp32 in MKL, exact. Both copies take half the fp32 copy's memory. Which rows are
+which the caller says (`decode_rows`: a step's decode rows come first), so up to that many a row's
+arithmetic depends on its own request, never on what shares its step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -50,33 +53,43 @@ from adapters.local.matmul_attention import native_bf16_matmul
 INT4_MAX_ROWS = 16
 """Most decode rows a product takes through the int4 kernel; a step with more (a full batch,
 speculative verification rows) multiplies them all on the dense copy, where fp32 in MKL wins with
-AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`), and so does
-bfloat16 in oneDNN (64 rows). Up to this many, a row's result does not depend on the rows beside
-it."""
+AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`), and so do
+bfloat16 in oneDNN and fp16 in fbgemm (64 rows). Up to this many, a row's result does not depend on
+the rows beside it, so speculation stays lossless and batching changes no token. (With AVX2 code
+fbgemm's fp16 already beats the int4 kernel from 4 rows, 16 rows 28 against 74 ms on an AMD Zen 3,
+but loses at one row, 15.0 against 11.3: taking it for a few rows would let a row's tokens depend on
+how many share its step, and taking it for every row would slow the single stream.)"""
 INT4_INNER_K_TILES = 1
 """`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
 _ACTIVATIONS = torch.bfloat16
 
 
-def prompt_weights_dtype(prefill_activations: PrefillActivations, dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the dense copy that torch's packed path multiplies prompt rows with: bfloat16
-    for "auto" in a float32 model where oneDNN multiplies bfloat16 natively (AVX512-BF16, AMX,
-    ARM's bf16 dot products: `native_bf16_matmul`), else `dtype` (emulated bfloat16 is slower than
-    fp32 in MKL; "fp32" asks for exact prompt products)."""
-    if prefill_activations == "auto" and dtype == torch.float32 and native_bf16_matmul():
-        return torch.bfloat16
-    return dtype
+PromptWeights = Literal["model", "bfloat16", "float16"]
+"""The dense copy torch's packed path multiplies prompt rows with: the model's dtype; bfloat16 in
+oneDNN; or fp16 weights packed for fbgemm's fp16 GEMM (`Fp16Dense`, fp32 rows in and out)."""
+
+
+def prompt_weights(prefill_activations: PrefillActivations, dtype: torch.dtype) -> PromptWeights:
+    """The dense copy for prompt rows: for "auto" in a float32 model the fastest this host has,
+    bfloat16 where oneDNN multiplies it natively (AVX512-BF16, AMX, ARM's bf16 dot products:
+    `native_bf16_matmul`), else fp16 where torch has fbgemm (`fbgemm_fp16`), else the model's
+    dtype (emulated bfloat16 is slower than fp32 in MKL; "fp32" asks for exact prompt products)."""
+    if prefill_activations != "auto" or dtype != torch.float32:
+        return "model"
+    if native_bf16_matmul():
+        return "bfloat16"
+    return "float16" if fbgemm_fp16() else "model"
 
 
 @dataclass(slots=True)
 class Int4Linear:
     """A Q4_1 weight `[out, in]` as torch's int4 pack (`packed` `[out, in/2]` uint8,
     `scales_zeros` `[in/32, out, 2]` bf16) for decode rows, and `dense` (the dense copy, see
-    `prompt_weights_dtype`) for the rest."""
+    `prompt_weights`) for the rest."""
 
     packed: torch.Tensor
     scales_zeros: torch.Tensor
-    dense: DenseLinear
+    dense: DenseLinear | Fp16Dense
 
     @property
     def nbytes(self) -> int:
@@ -109,6 +122,46 @@ class Int4Linear:
             x.to(_ACTIVATIONS).contiguous(), self.packed, Q4_1_BLOCK, self.scales_zeros
         )
         return y.to(x.dtype)
+
+
+@dataclass(slots=True)
+class Fp16Dense:
+    """A weight `[out, in]` (`shape`) as fp16 packed for fbgemm's fp16 GEMM (`packed`), which widens
+    it to fp32 as it multiplies: fp32 rows in and out, each weight rounded to fp16 once (2^-11
+    relative, against bfloat16's 2^-8). Where torch has fbgemm but the CPU no native bfloat16 it is
+    the fastest dense product measured: 120 layer products of 64 rows 108 ms against 187 for MKL on
+    fp32, 512 rows 683 against 736, on an AMD Zen 3 with AVX2 (`benchmarks/results/
+    engine_quantized.md`). A row's result does not depend on the rows beside it but for a
+    few fp32 ulps (fbgemm's AVX2 code blocks rows by how many there are)."""
+
+    packed: torch.ScriptObject
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        out, inputs = self.shape
+        return out * inputs * 2
+
+    def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
+        rows = x.to(torch.float32).contiguous()
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
+        return y.to(x.dtype)
+
+    def addmm_(
+        self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
+    ) -> None:
+        out.add_(self.mm(x))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight as fp32 (its fp16 values): fbgemm's pack unpacked."""
+        weight: torch.Tensor = torch.ops.quantized.linear_unpack_fp16(self.packed)[0]
+        return weight.index_select(0, ids)
+
+
+def fp16_dense(weight: torch.Tensor) -> Fp16Dense:
+    """`Fp16Dense` of the `[out, in]` `weight` (fbgemm copies it into its own layout)."""
+    packed = torch.ops.quantized.linear_prepack_fp16(weight.to(torch.float32).contiguous(), None)
+    return Fp16Dense(packed=packed, shape=(weight.shape[0], weight.shape[1]))
 
 
 @dataclass(slots=True, frozen=True)
@@ -180,27 +233,23 @@ class Int8Head(_PackedHead):
 
 @dataclass(slots=True)
 class Fp16Head(_PackedHead):
-    """The head `[vocab, hidden]` as fp16 weights packed for fbgemm's fp16 GEMM, fp32 rows in and
-    out. Faster than `Int8Head` at every row count measured, and closer to the exact product (no
-    bf16 rounding of activations or logits; 2e-4 relative error against int8's 3e-3): one row
-    1.9 ms against 2.4 with AVX-512 code (2.0 against 3.3 with AVX2 code), 16 rows 6.4 against 12.4
-    (7.2 against 15.4), streamed from memory on an AMD Zen 4 (`benchmarks/results/engine_quantized.md`).
-    A row's logits do not depend on the rows beside it but for a few fp32 ulps: bitwise equal with
-    fbgemm's AVX-512 code, within 3.6e-6 of logits up to 6 with its AVX2 code, which blocks rows
-    otherwise (tested; `Int8Head` rounds logits to bf16, steps of 0.125 between 16 and 32)."""
+    """The head `[vocab, hidden]` as `Fp16Dense` (`matrix`). Faster than `Int8Head` at every row
+    count measured, and closer to the exact product (no bf16 rounding of activations or logits; 2e-4
+    relative error against int8's 3e-3): one row 1.9 ms against 2.4 with AVX-512 code (2.0 against
+    3.3 with AVX2 code), 16 rows 6.4 against 12.4 (7.2 against 15.4), streamed from memory on an AMD
+    Zen 4 (`benchmarks/results/engine_quantized.md`). A row's logits do not depend on the rows
+    beside it but for a few fp32 ulps: bitwise equal with fbgemm's AVX-512 code, within 3.6e-6 of
+    logits up to 6 with its AVX2 code (tested; `Int8Head` rounds logits to bf16, steps of 0.125
+    between 16 and 32)."""
 
-    packed: torch.ScriptObject
-    shape: tuple[int, int]
+    matrix: Fp16Dense
 
     @property
     def nbytes(self) -> int:
-        vocab, hidden = self.shape
-        return vocab * hidden * 2 + self.tokens.nbytes
+        return self.matrix.nbytes + self.tokens.nbytes
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
-        rows = x.to(torch.float32).contiguous()
-        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
-        return y.to(x.dtype)
+        return self.matrix.mm(x)
 
 
 @functools.cache
@@ -216,7 +265,7 @@ def fbgemm_fp16() -> bool:
 
 
 def int4_linear(
-    packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dense: DenseLinear
+    packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dense: DenseLinear | Fp16Dense
 ) -> Int4Linear:
     """`Int4Linear` from a Q4_1 weight in the C kernels' layout (`linear.interleave_q4_1`:
     `packed` `[out/16, in/2, 16]`, `scale`, `offset` `[out/16, in/32, 16]`)."""
@@ -239,9 +288,8 @@ def int8_head(weight: torch.Tensor, tokens: TokenTable) -> Int8Head:
 
 
 def fp16_head(weight: torch.Tensor, tokens: TokenTable) -> Fp16Head:
-    """`Fp16Head` of the `[vocab, hidden]` fp32 `weight` (fbgemm copies it into its own layout)."""
-    packed = torch.ops.quantized.linear_prepack_fp16(weight.to(torch.float32).contiguous(), None)
-    return Fp16Head(packed=packed, shape=(weight.shape[0], weight.shape[1]), tokens=tokens)
+    """`Fp16Head` of the `[vocab, hidden]` fp32 `weight`."""
+    return Fp16Head(matrix=fp16_dense(weight), tokens=tokens)
 
 
 def packed_head(weight: torch.Tensor, tokens: TokenTable) -> Int8Head | Fp16Head:
@@ -255,20 +303,23 @@ def build_stock_linear(
     dtype: torch.dtype,
     *,
     copy: bool = False,
-    prompt_dtype: torch.dtype | None = None,
+    prompt: PromptWeights = "model",
 ) -> Linear:
     """The weight `name` from a checkpoint (see `gguf_convert`) for a model the C kernels do not run:
-    a Q4_1 layer matrix as `Int4Linear` (its dense copy in `prompt_dtype`, default `dtype`), a Q8_0
-    head as `packed_head` chooses, anything else dense. `copy`: the dense weights are copies
-    (`owned`), not views of the checkpoint."""
+    a Q4_1 layer matrix as `Int4Linear` (its dense copy as `prompt` says), a Q8_0 head as
+    `packed_head` chooses, anything else dense. `copy`: the dense weights are copies (`owned`), not
+    views of the checkpoint."""
 
-    def dense(in_dtype: torch.dtype) -> DenseLinear:
-        return DenseLinear(kept(copy)(tensors[f"{name}_t"].to(in_dtype)))
+    def dense(kind: PromptWeights) -> DenseLinear | Fp16Dense:
+        weight_t = tensors[f"{name}_t"]
+        if kind == "float16":
+            return fp16_dense(weight_t.t())
+        return DenseLinear(kept(copy)(weight_t.to(torch.bfloat16 if kind == "bfloat16" else dtype)))
 
     if f"{name}.packed" not in tensors:
-        return dense(dtype)
+        return dense("model")
     packed, scale = tensors[f"{name}.packed"], tensors[f"{name}.scale"]
     if f"{name}.offset" in tensors:
-        return int4_linear(packed, scale, tensors[f"{name}.offset"], dense(prompt_dtype or dtype))
+        return int4_linear(packed, scale, tensors[f"{name}.offset"], dense(prompt))
     qs, q8_scale = by_output(packed), by_output(scale)
     return packed_head(dequantize_q8_0(qs, q8_scale), TokenTable(q8=(qs, q8_scale)))

@@ -75,6 +75,12 @@ def main() -> None:
     parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
     parser.add_argument("--no-speculation", action="store_true", help="speculative = false (batching alone)")
     parser.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument(
+        "--prefill-activations",
+        choices=("auto", "int8", "fp32"),
+        default="auto",
+        help="prompt rows' products; fp32 on torch's path: the exact copy, shipped before the half ones",
+    )
     args = parser.parse_args()
     only = set(args.only) - ({"memory"} if args.skip_memory else set())
     torch.set_num_threads(args.threads)
@@ -86,6 +92,7 @@ def main() -> None:
         decode_weights=args.decode_weights,
         kv_dtype=args.kv_dtype,
         speculative=not args.no_speculation,
+        prefill_activations=args.prefill_activations,
     )
     loaded = _load_off_main(config)
     reference_model = ReferenceProcess(args.threads) if only & {"prefill", "decode"} else None
@@ -105,6 +112,7 @@ def main() -> None:
             "dtype": config.dtype,
             "c_kernels": loaded.model.attends_in_kernel,
             "decode_weights": config.decode_weights,
+            "prefill_activations": config.prefill_activations,
             "kv_dtype": dtype_name(kv_dtype(config.kv_dtype, loaded.model.dtype, loaded.model.serves_packed)),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "llama_cpp_cpu": llama.cpu if llama is not None else None,

@@ -1,7 +1,8 @@
 """Decode rows on packed weights through torch's kernels (`stock_linear`): the path of every host
 without the C kernels, run here on any host (`c_kernels = False`), in its shipped prompt mode
 (`prefill_activations = "auto"`). Products close to the exact ones, prompt rows exact or, on a
-bfloat16 copy, close, batched answers the single ones but at near ties, the usual answers unchanged."""
+bfloat16 or fp16 copy, close, batched answers the single ones but at near ties, the usual answers
+unchanged."""
 
 from __future__ import annotations
 
@@ -21,16 +22,18 @@ from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams, TokenLogprob
 from adapters.local.stock_linear import (
     INT4_MAX_ROWS,
+    Fp16Dense,
     Fp16Head,
     Int4Linear,
     Int8Head,
     TokenTable,
     fbgemm_fp16,
+    fp16_dense,
     fp16_head,
     int4_linear,
     int8_head,
     packed_head,
-    prompt_weights_dtype,
+    prompt_weights,
 )
 from tests.adapters.local.conftest import TEST_CONFIG, chat
 from tests.adapters.local.test_equivalence import chat_ids
@@ -84,15 +87,45 @@ def test_int4_rows_do_not_depend_on_what_shares_the_call() -> None:
         assert torch.equal(linear.mm(x[row : row + 1], decode_rows=1)[0], together[row])
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_prompt_rows_take_a_bfloat16_copy_only_where_the_cpu_multiplies_it(
-    monkeypatch: pytest.MonkeyPatch, native: bool
+@pytest.mark.parametrize(("native", "fbgemm"), [(True, True), (False, True), (False, False)])
+def test_prompt_rows_take_the_fastest_dense_copy_the_host_has(
+    monkeypatch: pytest.MonkeyPatch, native: bool, fbgemm: bool
 ) -> None:
     monkeypatch.setattr(stock_linear, "native_bf16_matmul", lambda: native)
-    assert prompt_weights_dtype("auto", torch.float32) == (torch.bfloat16 if native else torch.float32)
-    assert prompt_weights_dtype("fp32", torch.float32) == torch.float32  # exact, as asked
-    assert prompt_weights_dtype("int8", torch.float32) == torch.float32  # the C kernels' mode
-    assert prompt_weights_dtype("auto", torch.bfloat16) == torch.bfloat16  # the model's own dtype
+    monkeypatch.setattr(stock_linear, "fbgemm_fp16", lambda: fbgemm)
+    expected = "bfloat16" if native else "float16" if fbgemm else "model"
+    assert prompt_weights("auto", torch.float32) == expected
+    assert prompt_weights("fp32", torch.float32) == "model"  # exact, as asked
+    assert prompt_weights("int8", torch.float32) == "model"  # the C kernels' mode
+    assert prompt_weights("auto", torch.bfloat16) == "model"  # the model's own dtype
+
+
+@pytest.mark.skipif(not fbgemm_fp16(), reason="fbgemm is x86-only; there the copy is bfloat16 or fp32")
+@pytest.mark.parametrize("decode_rows", [0, 2, INT4_MAX_ROWS + 1])
+def test_rows_on_an_fp16_copy_are_close_and_keep_their_dtype(decode_rows: int) -> None:
+    """Prompt rows (and all rows of a step past `INT4_MAX_ROWS`) on the fp16 copy in fbgemm: within
+    fp16 rounding of the weights, fp32 rows in and out; the int4 rows are as they were."""
+    tensor, weight = _q4_1_weight(96, 128, seed=12)
+    packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
+    weight_t = weight.t().contiguous()
+    half = int4_linear(packed, scale, offset, fp16_dense(weight))
+    exact = int4_linear(packed, scale, offset, DenseLinear(weight_t))
+    x = torch.randn(INT4_MAX_ROWS + 4, 128)
+    expected = x @ weight_t
+    got = half.mm(x, decode_rows=decode_rows)
+    assert got.dtype == torch.float32
+    dense = 0 if decode_rows > INT4_MAX_ROWS else decode_rows  # rows on the int4 kernel
+    assert torch.equal(got[:dense], exact.mm(x, decode_rows=decode_rows)[:dense])
+    rounded = x[dense:] @ weight_t.half().float()  # the exact product of the fp16 weights
+    torch.testing.assert_close(got[dense:], rounded, rtol=1e-5, atol=1e-5)
+    assert 0 < _relative_error(got[dense:], expected[dense:]) < 1e-3
+    residual = torch.randn(x.shape[0], 96)
+    into = residual.clone()
+    half.addmm_(into, x, decode_rows=decode_rows)
+    torch.testing.assert_close(into, residual + got)
+    assert half.nbytes == exact.nbytes - weight.numel() * 2  # half the fp32 copy
+    ids = torch.tensor([5, 0, 95])
+    assert torch.equal(half.rows(ids), weight[ids].half().float())
 
 
 @pytest.mark.parametrize("decode_rows", [0, 2, INT4_MAX_ROWS + 1])
@@ -182,14 +215,34 @@ def stock_engine(stock: LoadedModel) -> Iterator[LocalEngine]:
     engine.close_sync()
 
 
+@pytest.fixture(scope="module")
+def fp16_copy() -> Iterator[tuple[LocalEngine, LoadedModel]]:
+    """The engine as a host without native bfloat16 builds it (an AVX2 host): prompt rows on the
+    fp16 copy in fbgemm, whatever this host has."""
+    if not fbgemm_fp16():
+        pytest.skip("fbgemm is x86-only: without it there is no fp16 copy (the copy is fp32)")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stock_linear, "native_bf16_matmul", lambda: False)
+        loaded = load_model(STOCK)
+    engine = LocalEngine(STOCK, model=loaded)
+    engine.start_sync()
+    yield engine, loaded
+    engine.close_sync()
+
+
 @pytest.mark.slow
 def test_layers_and_head_take_torchs_packed_kernels(stock: LoadedModel) -> None:
     assert not stock.model.attends_in_kernel
-    prompt_dtype = prompt_weights_dtype("auto", torch.float32)  # bfloat16 only where it is native
+    prompt = prompt_weights("auto", torch.float32)  # the host's fastest dense copy
     for layer in stock.model.layers:
         for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
             assert isinstance(linear, Int4Linear)
-            assert linear.dense.weight_t.dtype == prompt_dtype
+            if prompt == "float16":
+                assert isinstance(linear.dense, Fp16Dense)
+            else:
+                assert isinstance(linear.dense, DenseLinear)
+                want = torch.bfloat16 if prompt == "bfloat16" else torch.float32
+                assert linear.dense.weight_t.dtype == want
     assert isinstance(stock.model.lm_head, Fp16Head if fbgemm_fp16() else Int8Head)
 
 
@@ -251,6 +304,24 @@ def test_batched_and_mixed_steps_answer_as_single_up_to_near_ties(
             (first, best), (second, runner_up) = single[common].top
             assert best - runner_up <= NEAR_TIE
             assert batched[common].token_id in (first, second)
+
+
+@pytest.mark.slow
+async def test_an_fp16_prompt_copy_still_says_paris(fp16_copy: tuple[LocalEngine, LoadedModel]) -> None:
+    engine, loaded = fp16_copy
+    layer = loaded.model.layers[0]
+    assert isinstance(layer.wqkv, Int4Linear) and isinstance(layer.wqkv.dense, Fp16Dense)
+    answer = await engine.complete(chat("What is the capital of France?", temperature=0))
+    assert "Paris" in answer.body.decode()
+
+
+@pytest.mark.slow
+def test_an_fp16_prompt_copy_answers_batched_as_single_up_to_near_ties(
+    fp16_copy: tuple[LocalEngine, LoadedModel],
+) -> None:
+    """Rows past `INT4_MAX_ROWS` and prompt rows on the fp16 copy: what shares a step changes no
+    answer but at near ties, as with the other copies."""
+    test_batched_and_mixed_steps_answer_as_single_up_to_near_ties(*fp16_copy)
 
 
 def test_decode_weights_is_checked() -> None:
