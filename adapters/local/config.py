@@ -158,8 +158,8 @@ class LocalEngineConfig:
     (`stock_linear.prompt_weights`): bfloat16 in oneDNN where the CPU multiplies bfloat16 natively
     (~2.3x faster than MKL on fp32 on an AMD Zen 4, as the packed decode rows already round
     activations to bfloat16), else fp16 weights in fbgemm with fp32 rows where torch has fbgemm
-    (x86), both half the fp32 copy's memory. "fp32": exact, MKL on the dequantized weights, as the
-    reference-parity tests need. Without VNNI (or the kernels) "int8" runs as "fp32", and so does
+    (x86), half and 79 % of the fp32 copy's memory. "fp32": exact, MKL on the dequantized weights,
+    as the reference-parity tests need. Without VNNI (or the kernels) "int8" runs as "fp32", and so does
     "auto" on a host with neither (ARM without bf16 dot products)."""
     threads: int | None = None
     """torch intra-op threads for the engine. None: leave torch's default."""

@@ -22,7 +22,8 @@ of a step with more than `INT4_MAX_ROWS` of them, multiply a dense copy of the w
 this host has (`prompt_weights`): bfloat16 in oneDNN where the CPU multiplies bfloat16 natively
 (512 rows 339-358 ms against 758-816 for MKL on fp32 on an AMD Zen 4); else fp16 weights in fbgemm's
 fp16 GEMM with fp32 rows where torch has fbgemm (x86 without native bfloat16: AVX2 hosts, the first
-AVX-512 ones); else fp32 in MKL, exact. Both copies take half the fp32 copy's memory. Which rows are
+AVX-512 ones); else fp32 in MKL, exact. The bfloat16 copy takes half the fp32 copy's memory, the
+fp16 one 79 % of it (fbgemm pads, `FBGEMM_FP16_BLOCK_ROWS`). Which rows are
 which the caller says (`decode_rows`: a step's decode rows come first), so up to that many a row's
 arithmetic depends on its own request, never on what shares its step.
 """
@@ -124,23 +125,33 @@ class Int4Linear:
         return y.to(x.dtype)
 
 
+FBGEMM_FP16_BLOCK_ROWS = 512
+"""fbgemm's fp16 pack cuts the inputs into blocks of this many (its default block row size, which
+torch's prepack keeps) and pads the last: SmolLM2's 576-wide matrices take 1,024 columns, 1.8x
+their fp16 size (measured by resident memory per pack, 2026-12-03)."""
+
+
 @dataclass(slots=True)
 class Fp16Dense:
     """A weight `[out, in]` (`shape`) as fp16 packed for fbgemm's fp16 GEMM (`packed`), which widens
     it to fp32 as it multiplies: fp32 rows in and out, each weight rounded to fp16 once (2^-11
     relative, against bfloat16's 2^-8). Where torch has fbgemm but the CPU no native bfloat16 it is
-    the fastest dense product measured: 120 layer products of 64 rows 108 ms against 187 for MKL on
-    fp32, 512 rows 683 against 736, on an AMD Zen 3 with AVX2 (`benchmarks/results/
-    engine_quantized.md`). A row's result does not depend on the rows beside it but for a
-    few fp32 ulps (fbgemm's AVX2 code blocks rows by how many there are)."""
+    the fastest dense product measured on an AMD Zen 3 with AVX2: 120 layer products of 64 rows 108
+    ms against 187 for MKL on fp32, 512 rows 683 against 736. On an Intel Xeon running AVX2 code MKL
+    does better (fbgemm's times are the same): fp16 wins at 16 and 64 rows (43 against 62, 104
+    against 112) and loses at 512 (685 against 604; cold prefill 2-13 % slower), with 79 % of the
+    fp32 copy's memory (`benchmarks/results/engine_quantized.md`). A row's result does not depend on
+    the rows beside it but for a few fp32 ulps (fbgemm's AVX2 code blocks rows by how many there
+    are)."""
 
     packed: torch.ScriptObject
     shape: tuple[int, int]
 
     @property
     def nbytes(self) -> int:
+        """What fbgemm holds: the inputs padded to whole blocks of `FBGEMM_FP16_BLOCK_ROWS`."""
         out, inputs = self.shape
-        return out * inputs * 2
+        return out * -(-inputs // FBGEMM_FP16_BLOCK_ROWS) * FBGEMM_FP16_BLOCK_ROWS * 2
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
         rows = x.to(torch.float32).contiguous()

@@ -28,9 +28,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sequence-tokens", type=int, default=SEQUENCE_TOKENS)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false")
+    parser.add_argument("--prefill-activations", choices=("auto", "int8", "fp32"), default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
+    config = LocalEngineConfig(
+        threads=args.threads, c_kernels=not args.no_c_kernels, prefill_activations=args.prefill_activations
+    )
     engine = LocalEngine(config)
     engine.start_sync()
     ours(engine, [token_ids(16, seed=1)], 2)  # touches every weight page once

@@ -13,6 +13,8 @@ build (exact Q4_1/Q8_0, and VNNI int8 activations).
     # torch's and MKL's AVX2 code on an AVX-512 host (what a host without AVX-512 runs):
     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python -m benchmarks.engine.products --no-c
+    # the dense prompt copies alone (emulated bfloat16 takes minutes at 512 rows):
+    .venv/bin/python -m benchmarks.engine.products --no-c --rows 16 64 512 --only MKL fp16
 """
 
 from __future__ import annotations
@@ -214,12 +216,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 512])
     parser.add_argument("--no-c", action="store_true", help="leave out the C kernels")
+    parser.add_argument(
+        "--only", nargs="+", metavar="TEXT", help="only candidates whose name holds one of these"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
     with tempfile.TemporaryDirectory() as tmp:
         where = None if args.no_c else Path(tmp)
         layer_products, head_products = candidates(where), heads(where)
+    if args.only:
+        layer_products = {n: p for n, p in layer_products.items() if any(t in n for t in args.only)}
+        head_products = {n: p for n, p in head_products.items() if any(t in n for t in args.only)}
     widths = [k for _ in range(LAYERS) for _, k in SHAPES]
     columns = {r: compare(layer_products, widths, r, args.rounds if r < 512 else 3) for r in args.rows}
     print(f"\n120 layer products, ms (median of {args.rounds} rounds; 512 rows: 3)\n")

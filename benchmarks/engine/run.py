@@ -134,7 +134,7 @@ def main() -> None:
         results["few_shot"] = _few_shot(loaded, config)
     if "memory" in only:
         _progress("memory")
-        results["memory"] = _memory(args.threads, args.no_c_kernels)
+        results["memory"] = _memory(args.threads, args.no_c_kernels, config.prefill_activations)
     for baseline in (reference_model, llama):
         if baseline is not None:
             baseline.close()
@@ -313,9 +313,11 @@ def _few_shot(loaded: LoadedModel, config: LocalEngineConfig) -> dict[str, Any]:
     return out
 
 
-def _memory(threads: int, no_c_kernels: bool) -> dict[str, Any]:
+def _memory(threads: int, no_c_kernels: bool, prefill_activations: str) -> dict[str, Any]:
+    """`benchmarks.engine.memory` in a process of its own, in this run's kernels and prompt mode."""
     command = [sys.executable, "-m", "benchmarks.engine.memory", "--threads", str(threads)]
     command += ["--no-c-kernels"] if no_c_kernels else []
+    command += ["--prefill-activations", prefill_activations]
     done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=Path(__file__).parents[2])
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

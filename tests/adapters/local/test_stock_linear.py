@@ -7,6 +7,7 @@ unchanged."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from adapters.local.linear import DenseLinear, dequantize_q8_0, interleave_q4_1
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams, TokenLogprob
 from adapters.local.stock_linear import (
+    FBGEMM_FP16_BLOCK_ROWS,
     INT4_MAX_ROWS,
     Fp16Dense,
     Fp16Head,
@@ -123,9 +125,27 @@ def test_rows_on_an_fp16_copy_are_close_and_keep_their_dtype(decode_rows: int) -
     into = residual.clone()
     half.addmm_(into, x, decode_rows=decode_rows)
     torch.testing.assert_close(into, residual + got)
-    assert half.nbytes == exact.nbytes - weight.numel() * 2  # half the fp32 copy
+    padded = 96 * FBGEMM_FP16_BLOCK_ROWS * 2  # 128 inputs padded to one block of fbgemm's
+    assert half.nbytes == exact.nbytes - weight.numel() * 4 + padded
     ids = torch.tensor([5, 0, 95])
     assert torch.equal(half.rows(ids), weight[ids].half().float())
+
+
+@pytest.mark.skipif(not fbgemm_fp16(), reason="fbgemm is x86-only; there the copy is bfloat16 or fp32")
+def test_an_fp16_copy_counts_the_blocks_fbgemm_pads_to() -> None:
+    """`nbytes` is what the pack holds in memory: SmolLM2's 576 inputs take two blocks."""
+    assert fp16_dense(torch.randn(8, 1536)).nbytes == 8 * 1536 * 2
+    weight = torch.randn(16384, 576)
+    before = _resident_bytes()
+    copy = fp16_dense(weight)
+    grown = _resident_bytes() - before
+    assert copy.nbytes == 16384 * 2 * FBGEMM_FP16_BLOCK_ROWS * 2
+    assert 0.9 * copy.nbytes < grown < 1.1 * copy.nbytes  # 1.8x the unpadded 18.9 MB
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.mark.parametrize("decode_rows", [0, 2, INT4_MAX_ROWS + 1])
