@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from adapters.local.matmul_attention import native_bf16_matmul
+
 
 @dataclass(slots=True, frozen=True)
 class PageRun:
@@ -247,6 +249,18 @@ def windowed_attention(
     return merged.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads * dim)
 
 
+def prefix_attention_dtype(pool: torch.dtype) -> torch.dtype:
+    """The dtype a prompt chunk attends its cached prefix in: bfloat16 for a float16 pool where the
+    CPU multiplies bfloat16 natively (`native_bf16_matmul`), else the pool's. On an Intel Xeon with
+    AVX512-FP16 and AMX (where the pool is float16 for decode's sake, `kv_pool.half_kv_dtype`) the
+    flash kernel over the converted runs took 45-51 ms for 30 layers of 128 rows over 2,048 cached
+    tokens against 84-87 in float16, 92 against 230 at 512 rows over 1,536 (2026-12-03,
+    `benchmarks/results/engine_quantized.md`). Prompt rows only: decode keeps the pool's precision."""
+    if pool == torch.float16 and native_bf16_matmul():
+        return torch.bfloat16
+    return pool
+
+
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -267,10 +281,11 @@ def prefill_attention(
     keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     o, lse = _flash_with_lse(query, keys, values, causal=True)
     parts = [(o.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1))]
+    attend = prefix_attention_dtype(k_pages.dtype)
     for run in prefix.runs:
-        parts.append(_run_attention(q, k_pages, v_pages, run))
+        parts.append(_run_attention(q, k_pages, v_pages, run, attend))
     if prefix.scattered is not None:
-        parts.append(_scattered_attention(q, k_pages, v_pages, prefix.scattered))
+        parts.append(_scattered_attention(q, k_pages, v_pages, prefix.scattered, attend))
     return _merge_all_rows(parts).view(n, heads * dim)
 
 
@@ -292,16 +307,21 @@ def context_slots(prefix: PrefixPlan | None, chunk_slots: torch.Tensor, page_siz
 
 
 def _run_attention(
-    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, run: PageRun
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    run: PageRun,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows `q` (`[r, heads, d]`) over one page run, all of it visible: (`[r, heads, d]`, `[r, heads]`)."""
+    """Rows `q` (`[r, heads, d]`) over one page run, all of it visible: (`[r, heads, d]`, `[r, heads]`).
+    `dtype`: attend a copy of the run's keys and values in it (default: the pool's, no copy)."""
     r, heads, dim = q.shape
     kv_heads, _, page_size = k_pages.shape[:3]
     groups = heads // kv_heads
     first = run.first_page * page_size + run.skip
     slots = slice(first, first + run.tokens)
-    keys = k_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0)
-    values = v_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0)
+    keys = k_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0).to(dtype or k_pages.dtype)
+    values = v_pages.view(kv_heads, -1, dim)[:, slots].unsqueeze(0).to(dtype or v_pages.dtype)
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)
@@ -309,15 +329,21 @@ def _run_attention(
 
 
 def _scattered_attention(
-    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, scattered: ScatteredPages
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    scattered: ScatteredPages,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows `q` over scattered pages copied into one block, all visible."""
+    """Rows `q` over scattered pages copied into one block (in `dtype`, default the pool's), all
+    visible."""
     r, heads, dim = q.shape
     kv_heads = k_pages.shape[0]
     groups = heads // kv_heads
     # index_select, not advanced indexing: a plain row copy, measured 2x faster for a few pages.
     keys = k_pages.index_select(1, scattered.pages).view(1, kv_heads, -1, dim)[:, :, : scattered.tokens]
     values = v_pages.index_select(1, scattered.pages).view(1, kv_heads, -1, dim)[:, :, : scattered.tokens]
+    keys, values = keys.to(dtype or keys.dtype), values.to(dtype or values.dtype)
     folded = q.view(r, kv_heads, groups, dim).transpose(0, 1).reshape(1, kv_heads, r * groups, dim)
     o, lse = _flash_with_lse(folded, keys, values, causal=False)
     o = o.view(kv_heads, r, groups, dim).transpose(0, 1).reshape(r, heads, dim)

@@ -58,9 +58,11 @@ def half_kv_dtype() -> KVDType:
     and 16 rows 844 / 478 / 395 ms. A bfloat16 value is a float32's top half, so it converts by a
     shift on any CPU. On the Intel Xeon with AVX512-FP16 and AMX float16 decodes faster (one row at
     2,176 tokens 19.8 against 25.2 ms, 16 rows alike; 2026-12-03) while bfloat16 prefills faster
-    (cold 2,176 tokens 1.23-1.28 against 1.52-1.63 s, cached TTFT 0.12-0.13 against 0.18-0.19 s);
-    decode is what a user waits on token by token, and float16 keeps 10 mantissa bits to
-    bfloat16's 7 (`benchmarks/results/engine_quantized.md`)."""
+    (cold 2,176 tokens 1.23-1.28 against 1.52-1.63 s, cached TTFT 0.12-0.13 against 0.18-0.19 s;
+    prompt chunks there now attend their cached prefix in bfloat16,
+    `attention.prefix_attention_dtype`, which takes most of that back: 1.32-1.33 s and 0.14-0.15 s).
+    Decode is what a user waits on, and float16 keeps 10 mantissa bits to bfloat16's 7
+    (`benchmarks/results/engine_quantized.md`)."""
     return "float16" if onednn_reports("_is_mkldnn_fp16_supported") else "bfloat16"
 
 

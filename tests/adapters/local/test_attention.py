@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from adapters.local import attention
 from adapters.local.attention import (
     DecodePlan,
     GatheredRows,
@@ -15,6 +17,7 @@ from adapters.local.attention import (
     decode_attention,
     page_runs,
     prefill_attention,
+    prefix_attention_dtype,
     split_runs,
 )
 
@@ -94,6 +97,29 @@ def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
         q.transpose(0, 1)[None], keys, values, attn_mask=mask, enable_gqa=True
     )
     assert torch.allclose(out, expected[0].transpose(0, 1).reshape(n, -1), atol=1e-5)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_a_float16_prefix_is_attended_in_bfloat16_where_the_cpu_multiplies_it(
+    native_bf16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt chunk over a float16 pool's cached runs: in bfloat16 where that is native (close to
+    the float32 answer, and not the float16 one), else in float16. Other pools are left as they are."""
+    monkeypatch.setattr(attention, "native_bf16_matmul", lambda: native_bf16)
+    assert prefix_attention_dtype(torch.float16) == (torch.bfloat16 if native_bf16 else torch.float16)
+    assert prefix_attention_dtype(torch.bfloat16) == torch.bfloat16
+    assert prefix_attention_dtype(torch.float32) == torch.float32
+    k_pages, v_pages = (layer.half() for layer in pool())
+    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=ScatteredPages(torch.tensor([12]), 3))
+    q, k, v = torch.randn(5, HEADS, DIM), torch.randn(5, KV_HEADS, DIM), torch.randn(5, KV_HEADS, DIM)
+    out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
+    exact = prefill_attention(q, k, v, k_pages.float(), v_pages.float(), prefix)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, exact, atol=3e-2)
+    with monkeypatch.context() as patch:
+        patch.setattr(attention, "native_bf16_matmul", lambda: not native_bf16)
+        other = prefill_attention(q, k, v, k_pages, v_pages, prefix)
+    assert not torch.equal(out, other)  # the two dtypes really differ
 
 
 def test_gathered_short_contexts_equal_dense() -> None:
