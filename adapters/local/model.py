@@ -26,14 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from adapters.local.attention import (
-    DecodePlan,
-    PrefixPlan,
     context_slots,
     decode_attention,
     prefill_attention,
     run_windows,
     windowed_attention,
 )
+from adapters.local.attention_plan import DecodePlan, PrefixPlan
 from adapters.local.config import DecodeWeights, PrefillActivations
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.local.attention import (
+from adapters.local.attention_plan import (
     GATHER_MAX_BYTES,
     VIEW_MIN_TOKENS,
     DecodePlan,

@@ -267,11 +267,13 @@ class Fp16Head(_PackedHead):
 def fbgemm_fp16() -> bool:
     """Whether this torch multiplies by fbgemm's fp16 GEMM: x86 builds have fbgemm, ARM's do not
     (there the op raises, and the head takes `Int8Head`)."""
+    # A build without fbgemm has no kernel for these ops: torch's dispatcher says so by raising
+    # NotImplementedError (RuntimeError or AttributeError from older builds).
     try:
         packed = torch.ops.quantized.linear_prepack_fp16(torch.zeros(GROUP, GROUP), None)
         torch.ops.quantized.linear_dynamic_fp16(torch.zeros(1, GROUP), packed)
-    except (RuntimeError, AttributeError, NotImplementedError):  # torch's dispatcher raises the
-        return False  # last for an op whose backend (fbgemm) this build lacks
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
     return True
 
 

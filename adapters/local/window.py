@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from adapters.local.attention import PageRun, page_runs
+from adapters.local.attention_plan import PageRun, page_runs
 from adapters.local.config import DEFAULT_SINK_TOKENS, DEFAULT_WINDOW_OVERLAP, DEFAULT_WINDOW_SIZE
 
 MIN_WINDOW_PAGES = 4

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.local.attention import PageRun, PrefixPlan
+from adapters.local.attention_plan import PageRun, PrefixPlan
 from adapters.local.config import LocalEngineConfig
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model

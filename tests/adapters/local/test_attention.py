@@ -7,17 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from adapters.local import attention
-from adapters.local.attention import (
+from adapters.local.attention import decode_attention, prefill_attention, prefix_attention_dtype
+from adapters.local.attention_plan import (
     DecodePlan,
     GatheredRows,
     PageRun,
     PrefixPlan,
     ScatteredPages,
     SharedRun,
-    decode_attention,
     page_runs,
-    prefill_attention,
-    prefix_attention_dtype,
     split_runs,
 )
 

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from adapters.local import runner as runner_module
-from adapters.local.attention import DecodePlan, PageRun, decode_attention
+from adapters.local.attention import decode_attention
+from adapters.local.attention_plan import DecodePlan, PageRun
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel
 from adapters.local.runner import ModelRunner

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from gguf.quants import dequantize, quantize
 
 from adapters.local import kernels as kernels_module
-from adapters.local.attention import PageRun, PrefixPlan, ScatteredPages, context_slots, segments
+from adapters.local.attention import context_slots
+from adapters.local.attention_plan import PageRun, PrefixPlan, ScatteredPages, segments
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.linear import (

@@ -15,7 +15,8 @@ import torch
 
 from adapters.local import LocalEngineConfig, matmul_attention
 from adapters.local import model as model_module
-from adapters.local.attention import PageRun, run_windows, windowed_attention
+from adapters.local.attention import run_windows, windowed_attention
+from adapters.local.attention_plan import PageRun
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.matmul_attention import matmul_attends, native_bf16_matmul, run_matmul_attention
