@@ -148,7 +148,7 @@ class LocalEngineConfig:
     explicit half type the C kernels still multiply, and torch's flash kernel attends."""
     prefill_activations: PrefillActivations = "auto"
     """Prompt rows' products (and, on torch's packed path, those of decode steps past
-    `stock_linear.INT4_MAX_ROWS` rows). "int8", where the C kernels run with AVX-512 VNNI, for
+    `stock_linear.int4_max_rows` rows). "int8", where the C kernels run with AVX-512 VNNI, for
     prompts longer than 64 tokens (`linear.EXACT_PROMPT_TOKENS`; shorter ones stay exact): each row
     quantized per block of 32 (scale max|x| / 127), as GGUF engines do, times the Q4_1 weights in
     the C kernel, ~2x faster than MKL on fp32 at ~0.5 % relative error per product

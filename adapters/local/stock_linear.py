@@ -18,7 +18,8 @@ code on x86). Measured in `benchmarks/results/engine_quantized.md` (`python -m
 benchmarks.engine.products`): one row's 120 layer products with torch's AVX2 code in 8.8 ms against
 19.5 for MKL on fp32. Prompt chunks are compute-bound, and there these kernels lose to a dense
 product (512 rows: 0.7-4.4 s against 0.4-0.6 for MKL on fp32), so prompt rows, and the decode rows
-of a step with more than `INT4_MAX_ROWS` of them, multiply a dense copy of the weights, the fastest
+of a step with more than `int4_max_rows` of them (16; 2 with AVX2 code beside the fp16 copy, which
+then wins from three rows), multiply a dense copy of the weights, the fastest
 this host has (`prompt_weights`): bfloat16 in oneDNN where the CPU multiplies bfloat16 natively
 (512 rows 339-358 ms against 758-816 for MKL on fp32 on an AMD Zen 4); else fp16 weights in fbgemm's
 fp16 GEMM with fp32 rows where torch has fbgemm (x86 without native bfloat16: AVX2 hosts, the first
@@ -52,14 +53,23 @@ from adapters.local.linear import (
 from adapters.local.matmul_attention import native_bf16_matmul
 
 INT4_MAX_ROWS = 16
-"""Most decode rows a product takes through the int4 kernel; a step with more (a full batch,
+"""Most decode rows a product takes through the int4 kernel running its AVX-512 code (or any code
+but AVX2's, or beside a copy other than fp16: `int4_max_rows`); a step with more (a full batch,
 speculative verification rows) multiplies them all on the dense copy, where fp32 in MKL wins with
 AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`), and so do
 bfloat16 in oneDNN and fp16 in fbgemm (64 rows). Up to this many, a row's result does not depend on
-the rows beside it, so speculation stays lossless and batching changes no token. (With AVX2 code
-fbgemm's fp16 already beats the int4 kernel from 4 rows, 16 rows 28 against 74 ms on an AMD Zen 3,
-but loses at one row, 15.0 against 11.3: taking it for a few rows would let a row's tokens depend on
-how many share its step, and taking it for every row would slow the single stream.)"""
+the rows beside it. It is also the most decode rows a step takes on torch's packed path
+(`LlamaModel.decode_row_limit`), so the room speculative drafts have."""
+INT4_AVX2_MAX_ROWS = 2
+"""The same where torch's int4 kernel runs its AVX2 code and the dense copy is fp16 in fbgemm (x86
+hosts without AVX-512: most laptops). That kernel's time grows with the rows almost as if each row
+read the weights again, fbgemm's hardly does: 120 layer products on an AMD EPYC Zen 3 (2026-12-04,
+`benchmarks.engine.products --no-c --rows 1 2 3 4 8 16 --only int4pack fp16`), int4 13.2 / 17.0 /
+19.5 / 23.4 / 43.3 / 83.9 ms against fp16 17.2 / 18.8 / 18.4 / 18.9 / 25.7 / 42.1. So one and two
+rows stay int4 (a single stream's plain decode step), three or more (verification rows, batches)
+take the fp16 copy. A row's tokens may then depend on how many rows share its step at near ties
+only, as on the rest of this path (bf16 activations; `test_stock_linear`'s near-tie rule); exactness
+is the fp32 mode's promise."""
 INT4_INNER_K_TILES = 1
 """`_convert_weight_to_int4pack_for_cpu`'s tiling argument (the CPU kernel's own layout)."""
 _ACTIVATIONS = torch.bfloat16
@@ -91,6 +101,8 @@ class Int4Linear:
     packed: torch.Tensor
     scales_zeros: torch.Tensor
     dense: DenseLinear | Fp16Dense
+    int4_rows: int = INT4_MAX_ROWS
+    """Most decode rows a product takes through the int4 kernel (`int4_max_rows`); more: all on `dense`."""
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +110,7 @@ class Int4Linear:
         return sum(t.numel() * t.element_size() for t in parts) + self.dense.nbytes
 
     def mm(self, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0) -> torch.Tensor:
-        if decode_rows == 0 or decode_rows > INT4_MAX_ROWS:
+        if decode_rows == 0 or decode_rows > self.int4_rows:
             return self.dense.mm(x)
         compact = self._compact(x[:decode_rows])
         if decode_rows == x.shape[0]:
@@ -108,7 +120,7 @@ class Int4Linear:
     def addmm_(
         self, out: torch.Tensor, x: torch.Tensor, int8_rows: RowSpans = (), decode_rows: int = 0
     ) -> None:
-        if decode_rows > INT4_MAX_ROWS:
+        if decode_rows > self.int4_rows:
             decode_rows = 0  # all rows on the dense copy, in one call
         if decode_rows:
             out[:decode_rows].add_(self._compact(x[:decode_rows]))
@@ -277,11 +289,21 @@ def fbgemm_fp16() -> bool:
     return True
 
 
+def int4_max_rows(dense: DenseLinear | Fp16Dense, capability: str) -> int:
+    """Most decode rows of a product the int4 kernel takes beside `dense`, where torch runs its
+    `capability` code (`torch.backends.cpu.get_cpu_capability()`): `INT4_AVX2_MAX_ROWS` for AVX2
+    code beside an fp16 copy, else `INT4_MAX_ROWS`."""
+    if capability == "AVX2" and isinstance(dense, Fp16Dense):
+        return INT4_AVX2_MAX_ROWS
+    return INT4_MAX_ROWS
+
+
 def int4_linear(
     packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dense: DenseLinear | Fp16Dense
 ) -> Int4Linear:
     """`Int4Linear` from a Q4_1 weight in the C kernels' layout (`linear.interleave_q4_1`:
-    `packed` `[out/16, in/2, 16]`, `scale`, `offset` `[out/16, in/32, 16]`)."""
+    `packed` `[out/16, in/2, 16]`, `scale`, `offset` `[out/16, in/32, 16]`), taking as many decode
+    rows through the int4 kernel as `int4_max_rows` says for this host."""
     groups, pairs, _ = packed.shape
     nibbles = torch.stack([packed & 15, packed >> 4], dim=-1)  # [g, in/2, 16, 2]: inputs 2p, 2p + 1
     q = nibbles.permute(0, 2, 1, 3).reshape(groups * GROUP, pairs * 2)
@@ -289,7 +311,8 @@ def int4_linear(
     by_input = scale.permute(1, 0, 2).reshape(scale.shape[1], -1)  # [in/32, out]
     zero = offset.permute(1, 0, 2).reshape(offset.shape[1], -1) + 8 * by_input
     scales_zeros = torch.stack([by_input, zero], dim=-1).to(_ACTIVATIONS).contiguous()
-    return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, dense=dense)
+    rows = int4_max_rows(dense, torch.backends.cpu.get_cpu_capability())
+    return Int4Linear(packed=torch_packed, scales_zeros=scales_zeros, dense=dense, int4_rows=rows)
 
 
 def int8_head(weight: torch.Tensor, tokens: TokenTable) -> Int8Head:

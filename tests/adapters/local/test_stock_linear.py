@@ -23,6 +23,7 @@ from adapters.local.loader import LoadedModel, load_model
 from adapters.local.sampling import SamplingParams, TokenLogprob
 from adapters.local.stock_linear import (
     FBGEMM_FP16_BLOCK_ROWS,
+    INT4_AVX2_MAX_ROWS,
     INT4_MAX_ROWS,
     Fp16Dense,
     Fp16Head,
@@ -33,6 +34,7 @@ from adapters.local.stock_linear import (
     fp16_dense,
     fp16_head,
     int4_linear,
+    int4_max_rows,
     int8_head,
     packed_head,
     prompt_weights,
@@ -102,21 +104,40 @@ def test_prompt_rows_take_the_fastest_dense_copy_the_host_has(
     assert prompt_weights("auto", torch.bfloat16) == "model"  # the model's own dtype
 
 
+def test_int4_kernel_takes_two_decode_rows_with_avx2_code_beside_an_fp16_copy() -> None:
+    """Where torch's int4 kernel runs its AVX2 code, fbgemm's fp16 copy wins from three rows; with
+    any other code, or beside another copy, the int4 kernel keeps up to 16."""
+    for dense in (DenseLinear(torch.randn(64, 8)), DenseLinear(torch.randn(64, 8).bfloat16())):
+        assert int4_max_rows(dense, "AVX2") == int4_max_rows(dense, "AVX512") == INT4_MAX_ROWS
+        assert int4_max_rows(dense, "DEFAULT") == INT4_MAX_ROWS
+    if fbgemm_fp16():  # x86: the only hosts with an fp16 copy
+        fp16 = fp16_dense(torch.randn(8, 64))
+        assert int4_max_rows(fp16, "AVX2") == INT4_AVX2_MAX_ROWS == 2
+        assert int4_max_rows(fp16, "AVX512") == INT4_MAX_ROWS
+
+
 @pytest.mark.skipif(not fbgemm_fp16(), reason="fbgemm is x86-only; there the copy is bfloat16 or fp32")
-@pytest.mark.parametrize("decode_rows", [0, 2, INT4_MAX_ROWS + 1])
-def test_rows_on_an_fp16_copy_are_close_and_keep_their_dtype(decode_rows: int) -> None:
-    """Prompt rows (and all rows of a step past `INT4_MAX_ROWS`) on the fp16 copy in fbgemm: within
-    fp16 rounding of the weights, fp32 rows in and out; the int4 rows are as they were."""
+@pytest.mark.parametrize("code", ["AVX2", "AVX512"])
+@pytest.mark.parametrize("decode_rows", [0, 2, 3, INT4_MAX_ROWS, INT4_MAX_ROWS + 1])
+def test_rows_on_an_fp16_copy_are_close_and_keep_their_dtype(
+    monkeypatch: pytest.MonkeyPatch, code: str, decode_rows: int
+) -> None:
+    """Prompt rows (and all rows of a step past `int4_max_rows`: 2 with AVX2 code, else 16) on the
+    fp16 copy in fbgemm: within fp16 rounding of the weights, fp32 rows in and out; the int4 rows
+    are as they were. Either code's rule is tested on any x86 host (the rule, not the kernels)."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: code)
     tensor, weight = _q4_1_weight(96, 128, seed=12)
     packed, scale, offset = interleave_q4_1(*_q4_1_parts(tensor, heads=0))  # type: ignore[arg-type]
     weight_t = weight.t().contiguous()
     half = int4_linear(packed, scale, offset, fp16_dense(weight))
     exact = int4_linear(packed, scale, offset, DenseLinear(weight_t))
+    assert half.int4_rows == (INT4_AVX2_MAX_ROWS if code == "AVX2" else INT4_MAX_ROWS)
+    assert exact.int4_rows == INT4_MAX_ROWS
     x = torch.randn(INT4_MAX_ROWS + 4, 128)
     expected = x @ weight_t
     got = half.mm(x, decode_rows=decode_rows)
     assert got.dtype == torch.float32
-    dense = 0 if decode_rows > INT4_MAX_ROWS else decode_rows  # rows on the int4 kernel
+    dense = 0 if decode_rows > half.int4_rows else decode_rows  # rows on the int4 kernel
     assert torch.equal(got[:dense], exact.mm(x, decode_rows=decode_rows)[:dense])
     rounded = x[dense:] @ weight_t.half().float()  # the exact product of the fp16 weights
     torch.testing.assert_close(got[dense:], rounded, rtol=1e-5, atol=1e-5)
@@ -237,12 +258,14 @@ def stock_engine(stock: LoadedModel) -> Iterator[LocalEngine]:
 
 @pytest.fixture(scope="module")
 def fp16_copy() -> Iterator[tuple[LocalEngine, LoadedModel]]:
-    """The engine as a host without native bfloat16 builds it (an AVX2 host): prompt rows on the
-    fp16 copy in fbgemm, whatever this host has."""
+    """The engine as a host without native bfloat16 builds it (an AVX2 host): prompt rows, and decode
+    steps of more than two rows (`INT4_AVX2_MAX_ROWS`), on the fp16 copy in fbgemm, whatever this
+    host has."""
     if not fbgemm_fp16():
         pytest.skip("fbgemm is x86-only: without it there is no fp16 copy (the copy is fp32)")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stock_linear, "native_bf16_matmul", lambda: False)
+        patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # its int4 rule
         loaded = load_model(STOCK)
     engine = LocalEngine(STOCK, model=loaded)
     engine.start_sync()
@@ -331,6 +354,7 @@ async def test_an_fp16_prompt_copy_still_says_paris(fp16_copy: tuple[LocalEngine
     engine, loaded = fp16_copy
     layer = loaded.model.layers[0]
     assert isinstance(layer.wqkv, Int4Linear) and isinstance(layer.wqkv.dense, Fp16Dense)
+    assert layer.wqkv.int4_rows == INT4_AVX2_MAX_ROWS
     answer = await engine.complete(chat("What is the capital of France?", temperature=0))
     assert "Paris" in answer.body.decode()
 
@@ -339,8 +363,8 @@ async def test_an_fp16_prompt_copy_still_says_paris(fp16_copy: tuple[LocalEngine
 def test_an_fp16_prompt_copy_answers_batched_as_single_up_to_near_ties(
     fp16_copy: tuple[LocalEngine, LoadedModel],
 ) -> None:
-    """Rows past `INT4_MAX_ROWS` and prompt rows on the fp16 copy: what shares a step changes no
-    answer but at near ties, as with the other copies."""
+    """Decode steps of more than two rows and prompt rows on the fp16 copy: what shares a step
+    changes no answer but at near ties, as with the other copies."""
     test_batched_and_mixed_steps_answer_as_single_up_to_near_ties(*fp16_copy)
 
 
