@@ -128,10 +128,8 @@ class LlamaModel:
         self.serves_packed = self._kernels is None and decode_weights == "packed"
         """Decode rows multiply packed weights in torch's kernels (`stock_linear`), and torch attends."""
         self.decode_row_limit = INT4_MAX_ROWS if self.serves_packed else None
-        """Most decode rows a step takes, so the room for speculative drafts: as many as the int4
-        kernel takes with AVX-512 code (past them it is all on the dense copy; with AVX2 code the
-        fp16 copy already serves from three rows, `stock_linear.INT4_AVX2_MAX_ROWS`, and 16 rows on it
-        cost 42 ms against 13 for one on int4); None: no limit of the model's own."""
+        """Most decode rows a step takes (`stock_linear.INT4_MAX_ROWS`), so the room for speculative
+        drafts; None: no limit of the model's own."""
 
         # Keep copies, not views of the checkpoint's file, where part of the file goes unread: int8
         # prefill leaves its fp32 copies unread, and torch's path its packed nibbles once converted

@@ -53,13 +53,13 @@ from adapters.local.linear import (
 from adapters.local.matmul_attention import native_bf16_matmul
 
 INT4_MAX_ROWS = 16
-"""Most decode rows a product takes through the int4 kernel running its AVX-512 code (or any code
-but AVX2's, or beside a copy other than fp16: `int4_max_rows`); a step with more (a full batch,
-speculative verification rows) multiplies them all on the dense copy, where fp32 in MKL wins with
-AVX2 and AVX-512 code alike (32 and 64 rows, `benchmarks/results/engine_quantized.md`), and so do
-bfloat16 in oneDNN and fp16 in fbgemm (64 rows). Up to this many, a row's result does not depend on
-the rows beside it. It is also the most decode rows a step takes on torch's packed path
-(`LlamaModel.decode_row_limit`), so the room speculative drafts have."""
+"""Most decode rows a product takes through the int4 kernel (but `INT4_AVX2_MAX_ROWS`, see
+`int4_max_rows`); a step with more (a full batch, speculative verification rows) multiplies them all
+on the dense copy, where fp32 in MKL wins with AVX2 and AVX-512 code alike (32 and 64 rows,
+`benchmarks/results/engine_quantized.md`), and so do bfloat16 in oneDNN and fp16 in fbgemm (64
+rows). Up to this many, a row's result does not depend on the rows beside it. It is also the most
+decode rows a step takes on torch's packed path (`LlamaModel.decode_row_limit`), so the room
+speculative drafts have."""
 INT4_AVX2_MAX_ROWS = 2
 """The same where torch's int4 kernel runs its AVX2 code and the dense copy is fp16 in fbgemm (x86
 hosts without AVX-512: most laptops). That kernel's time grows with the rows almost as if each row
