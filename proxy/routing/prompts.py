@@ -127,7 +127,7 @@ class PromptTokens:
                     if not self._uses_engine(model):
                         raise
                     logger.debug("tokenize for %s failed: %r", model, exc)
-                    ids, kind = self._bytes.encode_now("".join(segments)), "bytes"
+                    ids, kind = self._bytes.encode_array("".join(segments)), "bytes"
             elif isinstance(request.params, PassThroughRequest):  # routed by load alone: no prompt
                 ids = []
             else:
@@ -142,7 +142,7 @@ class PromptTokens:
             try:
                 body = array("I", ids)  # ~20 ns per token: part of tokenizing, not of the decision
             except OverflowError:  # negative or huge ids from a client: route on bytes instead
-                body = array("I", self._bytes.encode_now(str(list(ids))))
+                body = self._bytes.encode_array(str(list(ids)))
         if request.cache_salt:
             return array("I", (self._salt_token(request.cache_salt),)) + body, kind
         return body, kind
@@ -153,8 +153,10 @@ class PromptTokens:
                 return (await self._engine_encode([text], candidates))[0], "engine"
             except Exception as exc:  # the engine's tokenizer is an optimisation
                 logger.debug("tokenize for %s failed: %r", model, exc)
-                return self._bytes.encode_now(text), "bytes"
+                return self._bytes.encode_array(text), "bytes"
         tokenizer = self._tokenizer(model)
+        if isinstance(tokenizer, ByteTokenizer):
+            return tokenizer.encode_array(text), tokenizer.kind
         if len(text) > THREAD_TOKENIZE_CHARS and isinstance(tokenizer, HFTokenizer):
             return await asyncio.to_thread(tokenizer.encode_now, text), tokenizer.kind
         return tokenizer.encode_now(text), tokenizer.kind
@@ -201,7 +203,7 @@ class PromptTokens:
                     future.exception()  # retrieved here: a waiter is optional
                 raise
             for segment, raw in zip(mine, encoded, strict=True):
-                ids = array("I", raw)
+                ids = raw if isinstance(raw, array) and raw.typecode == "I" else array("I", raw)
                 del pending[(key, segment)]
                 futures[segment].set_result(ids)
                 cache[(key, segment)] = ids
@@ -238,7 +240,7 @@ class PromptTokens:
         return tokenizer.kind, model, encode
 
     async def _bytes_encode(self, texts: list[str]) -> Sequence[Sequence[int]]:
-        return [self._bytes.encode_now(text) for text in texts]
+        return [self._bytes.encode_array(text) for text in texts]
 
     def load(self) -> None:
         """Load every configured model's tokenizer and chat template now (blocking: a GGUF vocabulary

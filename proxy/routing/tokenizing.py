@@ -14,6 +14,8 @@ The kind in use is reported in `GET /admin/workers` so an operator can see a byt
 from __future__ import annotations
 
 import json
+import sys
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,9 @@ from typing import Any, Literal, Protocol
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
 
 TokenizerKind = Literal["tokenizer.json", "gguf", "engine", "bytes"]
+
+_WIDE_BYTES = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"
+"""UTF-32 in native order, no byte-order mark: `ByteTokenizer.encode_array`'s widening codec."""
 
 CHAT_START = "<|im_start|>"
 CHAT_END = "<|im_end|>"
@@ -50,6 +55,15 @@ class ByteTokenizer:
     def encode_now(self, text: str) -> list[int]:
         """Synchronous encode (for callers without an event loop)."""
         return list(text.encode())
+
+    def encode_array(self, text: str) -> array[int]:
+        """`encode_now` as the uint32 array the trees take, built in C: decoded as Latin-1, each
+        UTF-8 byte is one code point of its own value, which UTF-32 writes as one 4-byte item. For
+        a 7.5 KB prompt 9 us, against 95 for `array("I", encode_now(text))`: on a byte-routed model
+        with a new prompt per request, that copy was over a third of a routing decision's CPU."""
+        ids = array("I")
+        ids.frombytes(text.encode().decode("latin-1").encode(_WIDE_BYTES))
+        return ids
 
     def decode_now(self, ids: Sequence[int]) -> str:
         """Inverse of `encode_now`; undecodable bytes become U+FFFD."""

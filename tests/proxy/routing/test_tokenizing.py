@@ -13,7 +13,13 @@ from adapters.base import EngineRequest
 from adapters.cache_salt import with_cache_salt
 from adapters.schema import ChatCompletionRequest, ChatMessage
 from proxy.routing.prompts import PromptTokens
-from proxy.routing.tokenizing import ChatRenderer, load_chat_template, load_tokenizer, render_chatml
+from proxy.routing.tokenizing import (
+    ByteTokenizer,
+    ChatRenderer,
+    load_chat_template,
+    load_tokenizer,
+    render_chatml,
+)
 
 
 def word_tokenizer(path: Path) -> Path:
@@ -50,6 +56,23 @@ def test_a_missing_tokenizer_file_is_an_error_and_the_router_falls_back_to_bytes
     with pytest.raises(ValueError, match="not found"):
         load_tokenizer(str(tmp_path / "nope.json"))
     assert PromptTokens({"m": str(tmp_path / "nope.json")}, 16).kind("m") == "bytes"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "hello world", "héllo wörld", "日本語のテキスト", "emoji 🙂 and \x00 nul", "ÿ\x7f\x80"]
+)
+def test_byte_arrays_hold_exactly_the_utf8_bytes(text: str) -> None:
+    ids = ByteTokenizer().encode_array(text)
+    assert ids.typecode == "I" and list(ids) == list(text.encode()) == ByteTokenizer().encode_now(text)
+
+
+async def test_a_byte_routed_chat_is_the_utf8_of_its_rendered_prompt_with_the_salt_first() -> None:
+    prompts = PromptTokens({}, 16)  # nothing configured, nothing discovered: UTF-8 bytes
+    request = chat("héllo 🙂", "world")
+    tokens, kind = await prompts.tokens(request, [])
+    assert kind == "bytes" and list(tokens) == list(render_chatml(request.params.messages).encode())  # type: ignore[union-attr]
+    salted, _ = await prompts.tokens(chat("héllo 🙂", "world", salt="tenant-a"), [])
+    assert list(salted[1:]) == list(tokens) and salted[0] != tokens[0]
 
 
 async def test_message_by_message_tokens_equal_whole_prompt_tokens(tmp_path: Path) -> None:
