@@ -8,7 +8,10 @@ extra's `sglang-router` is installed, and a sticky oracle that sends each group 
 worker), the workers' caches are flushed, the workload is replayed, and the workers' own counters
 give the token hit rate and the per-worker request spread. Throughput is output tokens per wall
 second; TTFT is to the first streamed content. Results go to stdout (a Markdown table) and to
-`benchmarks/routing/out/results.json`.
+`benchmarks/routing/out/results.json`. `--rounds N` replays each workload N times with the routers
+taking turns and reports medians: on a two-core host that the workers, the client and the router
+share, a wall-clock tail (multi-turn TTFT p99) moves several-fold between back-to-back replays, the
+sticky oracle's too, so one replay cannot judge a p99 floor.
 
 The gateways run with the shipped routing defaults and no `[routing.tokenizers]`: the simulated
 SGLang workers (32k-token caches) count tokens with a tokenizer the gateway is not given, and
@@ -46,7 +49,7 @@ from benchmarks.routing.cluster import (
 )
 from benchmarks.routing.decision import measure_decisions
 from benchmarks.routing.load import RunResult, run_conversations, run_requests
-from benchmarks.routing.report import Cpu, Row, markdown, summarize
+from benchmarks.routing.report import Cpu, Row, markdown, median_rows, summarize
 from benchmarks.routing.sim_core import SimConfig
 from benchmarks.routing.workload import (
     generated_shared_prefix,
@@ -230,6 +233,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="replay each workload this many times per router, taking turns; the table gives medians",
+    )
     parser.add_argument("--skip-decision", action="store_true", help="skip the decision-latency measurement")
     args = parser.parse_args(argv)
     args.kv_events = args.kv_events or args.kv_events_configured
@@ -281,20 +290,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                     )
                 )
             cluster.wait_ready(routers)
-            for router in routers:
-                target = _fixed(router.url)
-                rows.append(run_one(workload, router.name, router, workers, target, args.time_scale, shape))
-            rows.append(
-                run_one(
-                    workload,
-                    "oracle-sticky",
-                    None,
-                    workers,
-                    lambda group: workers[group % len(workers)].url,
-                    args.time_scale,
-                    shape,
+            for _ in range(args.rounds):  # the routers take turns, so a slow spell of the host hits all
+                for router in routers:
+                    target = _fixed(router.url)
+                    rows.append(
+                        run_one(workload, router.name, router, workers, target, args.time_scale, shape)
+                    )
+                rows.append(
+                    run_one(
+                        workload,
+                        "oracle-sticky",
+                        None,
+                        workers,
+                        lambda group: workers[group % len(workers)].url,
+                        args.time_scale,
+                        shape,
+                    )
                 )
-            )
             cluster.stop(routers)
     finally:
         cluster.stop()
@@ -307,12 +319,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sim_tokenizer": args.sim_tokenizer,
         "kv_events": args.kv_events and ("configured" if args.kv_events_configured else "discovered"),
         "shape": asdict(shape),
-        "rows": [asdict(r) for r in rows],
+        "rounds": args.rounds,
+        "rows": [asdict(r) for r in median_rows(rows)],
+        "round_rows": [asdict(r) for r in rows] if args.rounds > 1 else None,
         "decision": decisions,
         "wall_s": round(time.time() - started, 1),
     }
     (OUT / "results.json").write_text(json.dumps(report, indent=2))
-    print(markdown(rows))
+    print(markdown(median_rows(rows)))
     print(json.dumps(decisions, indent=2))
 
 

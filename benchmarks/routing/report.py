@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from benchmarks.routing.cluster import WorkerCounters
 from benchmarks.routing.load import RunResult
@@ -35,6 +36,8 @@ class Row:
     """Multi-turn only: the slowest first token of each turn (where the TTFT tail comes from)."""
     trees: list[dict[str, object]] | None = None
     """radixgate only: per worker, its routing tree and prediction accuracy (from /admin/workers)."""
+    rounds: int = 1
+    """How many replays this row's figures are the medians of (`median_rows`)."""
 
 
 @dataclass(slots=True)
@@ -83,6 +86,46 @@ def _max_by_turn(result: RunResult) -> list[float] | None:
     return [slowest[turn] for turn in sorted(slowest)] or None
 
 
+_MEDIAN_FIELDS = (
+    "wall_s",
+    "throughput_tok_s",
+    "engine_throughput_tok_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "latency_p50_s",
+    "latency_p99_s",
+    "hit_rate",
+    "max_min_load",
+    "router_cpu_ms_per_request",
+    "workers_cpu_s",
+    "client_cpu_s",
+)
+
+
+def median_rows(rows: Sequence[Row]) -> list[Row]:
+    """One row per (workload, router), in first-seen order: each figure the median over its replays
+    (a wall-clock tail on a shared two-core host moves 2-4x between back-to-back replays), failures
+    summed, and the lists (spread, slowest turns, trees) from the replay of median throughput."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.workload, row.router), []).append(row)
+    merged = []
+    for group in groups.values():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        by_throughput = sorted(group, key=lambda r: r.throughput_tok_s)
+        middle = by_throughput[(len(group) - 1) // 2]
+        medians = {name: _median([getattr(r, name) for r in group]) for name in _MEDIAN_FIELDS}
+        merged.append(replace(middle, **medians, failures=sum(r.failures for r in group), rounds=len(group)))
+    return merged
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
 def _pair(p50: float | None, p99: float | None) -> str:
     return "-" if p50 is None or p99 is None else f"{p50:.2f} / {p99:.2f}"
 
@@ -94,8 +137,9 @@ def markdown(rows: Sequence[Row]) -> str:
     for workload in dict.fromkeys(r.workload for r in rows):
         group = [r for r in rows if r.workload == workload]
         base = next((r for r in group if r.router == "radixgate-round_robin"), group[0])
+        rounds = max(r.rounds for r in group)
         lines += [
-            f"\n#### {workload}\n",
+            f"\n#### {workload}" + (f" (medians of {rounds} replays)" if rounds > 1 else "") + "\n",
             "| router | hit rate | tok/s (wall) | x RR | tok/engine-s | x RR | TTFT p50/p99 s "
             "| latency p50/p99 s | max/min load | router CPU ms/req | failed |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
