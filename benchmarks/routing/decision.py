@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 
 from adapters.base import Completion, EngineRequest
-from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
+from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest, Operation
 from proxy.routing.config import RoutingSettings, WorkerSpec
 from proxy.routing.pool import WorkerPool
 
@@ -63,25 +63,42 @@ class _IdleEngine:
 
 def _request(tokens: Sequence[int]) -> EngineRequest:
     params = CompletionRequest(model="m", prompt="", max_tokens=256)
-    return EngineRequest(
-        operation="text_completion",
-        params=params,
-        raw_body=msgspec.json.encode(params),
-        request_id="r",
-        tenant_id="t",
-        cache_salt="tenant",
-        prompt_token_ids=tokens,  # type: ignore[arg-type]  # the pool also takes uint32 arrays
+    request = _engine_request(params, "tenant")
+    request.prompt_token_ids = tokens  # type: ignore[assignment]  # the pool also takes uint32 arrays
+    return request
+
+
+def _chat_request(content: str) -> EngineRequest:
+    """A chat of one user message, with no tokens: the pool tokenizes it (bytes, here)."""
+    params = ChatCompletionRequest(
+        model="m", messages=[ChatMessage(role="user", content=content)], max_tokens=256
     )
+    return _engine_request(params, "")
+
+
+def _engine_request(params: CompletionRequest | ChatCompletionRequest, salt: str) -> EngineRequest:
+    operation: Operation = "chat" if isinstance(params, ChatCompletionRequest) else "text_completion"
+    raw = msgspec.json.encode(params)
+    return EngineRequest(
+        operation=operation, params=params, raw_body=raw, request_id="r", tenant_id="t", cache_salt=salt
+    )
+
+
+def _pool(capacity_tokens: int) -> WorkerPool:
+    """The real pool over 4 idle workers of `capacity_tokens` each, shipped routing defaults."""
+    specs = [
+        WorkerSpec(
+            url=f"http://127.0.0.1:{9000 + i}", id=f"w{i}", models=["m"], capacity_tokens=capacity_tokens
+        )
+        for i in range(4)
+    ]
+    return WorkerPool(["m"], specs, RoutingSettings(), engine_factory=_IdleEngine)
 
 
 async def _measure() -> dict[str, float]:
     rng = random.Random(3)
-    specs = [
-        WorkerSpec(url=f"http://127.0.0.1:{9000 + i}", id=f"w{i}", models=["m"], capacity_tokens=4_000_000)
-        for i in range(4)
-    ]
     tracemalloc.start()
-    pool = WorkerPool(["m"], specs, RoutingSettings(), engine_factory=_IdleEngine)
+    pool = _pool(4_000_000)
     prefixes = [[rng.randrange(VOCAB) for _ in range(2048)] for _ in range(64)]
     for prefix in prefixes:  # warm trees: each prefix with 16 distinct 128-token suffixes
         for _ in range(16):
@@ -128,25 +145,10 @@ async def _measure() -> dict[str, float]:
 
 async def _measure_byte_chat() -> dict[str, float]:
     rng = random.Random(5)
-    specs = [
-        WorkerSpec(url=f"http://127.0.0.1:{9000 + i}", id=f"w{i}", models=["m"], capacity_tokens=32_768)
-        for i in range(4)
-    ]
-    pool = WorkerPool(["m"], specs, RoutingSettings(), engine_factory=_IdleEngine)
+    pool = _pool(32_768)
     cpu: list[float] = []
     for i in range(CHAT_DECISIONS + 100):  # the first 100 fill the trees and are not timed
-        content = " ".join(rng.choice(_WORDS) for _ in range(CHAT_WORDS))
-        params = ChatCompletionRequest(
-            model="m", messages=[ChatMessage(role="user", content=content)], max_tokens=256
-        )
-        request = EngineRequest(
-            operation="chat",
-            params=params,
-            raw_body=msgspec.json.encode(params),
-            request_id="r",
-            tenant_id="t",
-            cache_salt="",
-        )
+        request = _chat_request(" ".join(rng.choice(_WORDS) for _ in range(CHAT_WORDS)))
         cpu_started = time.thread_time()
         lease = await pool.acquire(request)
         lease.release(usage=None, failed=False)
