@@ -104,7 +104,7 @@ _MEDIAN_FIELDS = (
 
 def median_rows(rows: Sequence[Row]) -> list[Row]:
     """One row per (workload, router), in first-seen order: each figure the median over its replays
-    (a wall-clock tail on a shared two-core host moves 2-4x between back-to-back replays), failures
+    (a wall-clock tail on a shared two-core host moves several-fold between back-to-back replays), failures
     summed, and the lists (spread, slowest turns, trees) from the replay of median throughput."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
