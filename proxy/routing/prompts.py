@@ -136,13 +136,10 @@ class PromptTokens:
                     ids = prompt
                 else:
                     ids, kind = await self._encode(model, prompt, candidates)
-        if isinstance(ids, array) and ids.typecode == "I":
-            body = ids  # already packed (benchmarks, callers that keep uint32 arrays): no copy
-        else:
-            try:
-                body = array("I", ids)  # ~20 ns per token: part of tokenizing, not of the decision
-            except OverflowError:  # negative or huge ids from a client: route on bytes instead
-                body = self._bytes.encode_array(str(list(ids)))
+        try:
+            body = _uint32(ids)
+        except OverflowError:  # negative or huge ids from a client: route on bytes instead
+            body = self._bytes.encode_array(str(list(ids)))
         if request.cache_salt:
             return array("I", (self._salt_token(request.cache_salt),)) + body, kind
         return body, kind
@@ -203,7 +200,7 @@ class PromptTokens:
                     future.exception()  # retrieved here: a waiter is optional
                 raise
             for segment, raw in zip(mine, encoded, strict=True):
-                ids = raw if isinstance(raw, array) and raw.typecode == "I" else array("I", raw)
+                ids = _uint32(raw)
                 del pending[(key, segment)]
                 futures[segment].set_result(ids)
                 cache[(key, segment)] = ids
@@ -282,3 +279,11 @@ class PromptTokens:
             token = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:4], "little")
             self._salts[salt] = token
         return token
+
+
+def _uint32(ids: Sequence[int]) -> array[int]:
+    """`ids` as the uint32 array the trees take: as is when it already is one (byte ids, benchmarks,
+    callers that keep such arrays), else copied (~20 ns per token; OverflowError past uint32)."""
+    if isinstance(ids, array) and ids.typecode == "I":
+        return ids
+    return array("I", ids)
