@@ -110,10 +110,27 @@ def text_tokens(loaded: LoadedModel, count: int, name: str = "pydantic_readme") 
     return tokens[:count]
 
 
-def dense_perplexity(loaded: LoadedModel, tokens: list[int], chunk: int = 512) -> float:
-    """Dense attention's perplexity, from prompt chunks that return every row's logits: causal
-    attention over the whole text, the same per-token logits as teacher-forced decode steps (up
-    to rounding; exact fp32 products, as decode rows have), at a fraction of the time."""
+DOCUMENT_STARTS = ("none", "bos")
+"""What precedes the text: nothing (the text's own first tokens are the sinks; SmolLM2's tokenizer
+adds no BOS, `add_bos_token` is false), or the model's BOS token (`tokenizer.ggml.bos_token_id`,
+`<|im_start|>` for SmolLM2, which opens every chat the engine serves), the prefix
+lm-evaluation-harness's rolling perplexity gives a model with a BOS. The same text tokens are
+scored either way; `bos` checks that the window's gap to dense is not its sinks' doing (the README's
+ratio did not move: `benchmarks/results/sliding_window.md`)."""
+
+
+def document_start(loaded: LoadedModel, name: str) -> list[int]:
+    """The ids that precede the text (`DOCUMENT_STARTS`)."""
+    bos = loaded.tokenizer.special.bos_id
+    if name == "none" or bos is None:
+        return []
+    return [bos]
+
+
+def dense_perplexity(loaded: LoadedModel, tokens: list[int], scored_from: int = 1, chunk: int = 512) -> float:
+    """Dense attention's perplexity of `tokens[scored_from:]`, from prompt chunks that return every
+    row's logits: causal attention over the whole text, the same per-token logits as teacher-forced
+    decode steps (up to rounding; exact fp32 products, as decode rows have), at a fraction of the time."""
     pool = KVPool(loaded.spec, -(-len(tokens) // PAGE), PAGE, loaded.model.dtype)
     nll = 0.0
     with torch.inference_mode():
@@ -129,21 +146,25 @@ def dense_perplexity(loaded: LoadedModel, tokens: list[int], chunk: int = 512) -
             )
             logits = loaded.model.forward(batch, pool).double()
             targets = torch.tensor(tokens[start + 1 : start + rows + 1])
-            nll += float((torch.logsumexp(logits, 1) - logits[torch.arange(rows), targets]).sum())
-    return math.exp(nll / (len(tokens) - 1))
+            losses = torch.logsumexp(logits, 1) - logits[torch.arange(rows), targets]
+            nll += float(losses[max(0, scored_from - 1 - start) :].sum())
+    return math.exp(nll / (len(tokens) - scored_from))
 
 
-def perplexity(loaded: LoadedModel, tokens: list[int], window: WindowSpec | None) -> float:
-    """Perplexity with each token a decode step of its own, teacher-forced."""
+def perplexity(
+    loaded: LoadedModel, tokens: list[int], window: WindowSpec | None, scored_from: int = 1
+) -> float:
+    """Perplexity of `tokens[scored_from:]`, each token a decode step of its own, teacher-forced."""
     if window is None:
-        return dense_perplexity(loaded, tokens)
+        return dense_perplexity(loaded, tokens, scored_from)
     stream = Stream(loaded, tokens[:1], window, pages=len(tokens) // PAGE + 2)
     nll = 0.0
-    for token in tokens[1:]:
+    for index, token in enumerate(tokens[1:], 1):
         logits = stream.next_logits().double()
-        nll += float(torch.logsumexp(logits, 0) - logits[token])
+        if index >= scored_from:
+            nll += float(torch.logsumexp(logits, 0) - logits[token])
         stream.seq.tokens.append(token)
-    return math.exp(nll / (len(tokens) - 1))
+    return math.exp(nll / (len(tokens) - scored_from))
 
 
 def decode_ms(loaded: LoadedModel, history: list[int], window: WindowSpec | None) -> tuple[float, int]:
@@ -170,6 +191,12 @@ def main() -> None:
         "--text", choices=tuple(TEXTS), default="pydantic_readme", help="the perplexity's text"
     )
     parser.add_argument(
+        "--document-start",
+        choices=DOCUMENT_STARTS,
+        default="none",
+        help="what precedes the text (DOCUMENT_STARTS); the same text tokens are scored either way",
+    )
+    parser.add_argument(
         "--attention",
         nargs="+",
         choices=tuple(ATTENTION),
@@ -188,17 +215,21 @@ def main() -> None:
     if args.only != "speed":
         text = text_tokens(loaded, max(16384, args.ppl_tokens), args.text)
         figures["text"] = args.text
-        figures["perplexity"] = quality(loaded, text[: args.ppl_tokens], args.attention)
+        figures["document_start"] = args.document_start
+        start = document_start(loaded, args.document_start)
+        figures["perplexity"] = quality(
+            loaded, start + text[: args.ppl_tokens], args.attention, len(start) + 1
+        )
     if args.only != "quality":
         figures.update(speed(loaded, text_tokens(loaded, 32768)))
     print(json.dumps(figures, indent=2))
 
 
-def quality(loaded: LoadedModel, ppl: list[int], names: list[str]) -> dict[str, float]:
-    """Perplexity on `ppl` of each of `names` (`ATTENTION`)."""
-    quality: dict[str, float] = {"tokens": len(ppl)}
+def quality(loaded: LoadedModel, ppl: list[int], names: list[str], scored_from: int) -> dict[str, float]:
+    """Perplexity on `ppl[scored_from:]` of each of `names` (`ATTENTION`)."""
+    quality: dict[str, float] = {"tokens": len(ppl), "scored": len(ppl) - scored_from}
     for name in names:
-        quality[name] = round(perplexity(loaded, ppl, ATTENTION[name]), 3)
+        quality[name] = round(perplexity(loaded, ppl, ATTENTION[name], scored_from), 3)
         print(f"perplexity {name}: {quality[name]}", file=sys.stderr, flush=True)  # progress
     return quality
 
