@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import llguidance
@@ -64,15 +65,26 @@ class _Vocabulary:
 
 
 class GrammarCompiler:
-    """The model's vocabulary in llguidance's terms (~0.4 s to build, once per engine)."""
+    """Compiles requests' grammars against the model's vocabulary in llguidance's terms.
+
+    The vocabulary is built at the first request that needs a grammar, not at start: it holds
+    ~20 MiB of resident memory (SmolLM2's 49,152 tokens, measured with `/proc/self/smaps_rollup`
+    around its construction) that a deployment without structured outputs or tools never uses, and
+    it takes 0.1-0.4 s once, on that request."""
 
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int) -> None:
         if tokenizer.eos_id is None:
             raise ValueError("constrained decoding needs the model's EOS token")
         self.eos_id = tokenizer.eos_id
-        self._tokenizer = llguidance.LLTokenizer(
-            llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), n_vocab=vocab_size
-        )
+        self._source = tokenizer
+        self._vocab_size = vocab_size
+        self._vocabulary: llguidance.LLTokenizer | None = None
+        self._build_lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        """Whether the vocabulary has been built (a grammar was compiled)."""
+        return self._vocabulary is not None
 
     def compile(self, params: ChatCompletionRequest, tools: ToolPlan | None) -> OutputGrammar | None:
         """The grammar a chat request's answer must follow; None when it is free text."""
@@ -80,11 +92,19 @@ class GrammarCompiler:
         if answer is None and tools is None:
             return None
         lark = _lark(answer, tools)
-        matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), lark, log_level=0)
         if matcher.is_error():
             param = "response_format" if answer is not None and tools is None else "tools"
             raise InvalidRequest(f"unsupported schema: {matcher.get_error()}", param=param)
         return OutputGrammar(matcher, self.eos_id)
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._build_lock:
+            if self._vocabulary is None:
+                self._vocabulary = llguidance.LLTokenizer(
+                    llguidance.TokenizerWrapper(_Vocabulary(self._source)), n_vocab=self._vocab_size
+                )
+            return self._vocabulary
 
 
 def _answer_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:

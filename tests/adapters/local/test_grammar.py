@@ -58,6 +58,15 @@ def test_plain_text_needs_no_grammar(compiler: GrammarCompiler) -> None:
     assert compiler.compile(chat(response_format={"type": "text"}), None) is None
 
 
+def test_the_vocabulary_is_built_by_the_first_grammar_only(loaded: LoadedModel) -> None:
+    """Deployments without structured outputs never pay the vocabulary's memory."""
+    fresh = GrammarCompiler(loaded.tokenizer, loaded.spec.vocab_size)
+    assert fresh.compile(chat(), None) is None
+    assert not fresh.built
+    assert fresh.compile(chat(response_format={"type": "json_object"}), None) is not None
+    assert fresh.built
+
+
 def test_a_schema_admits_its_documents_and_nothing_else(
     compiler: GrammarCompiler, loaded: LoadedModel
 ) -> None:
