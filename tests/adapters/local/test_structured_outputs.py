@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import jsonschema
 import pytest
 
 from adapters.local import LocalEngine
+from adapters.local.grammar import GrammarCompiler
 from adapters.schema import ChatCompletionRequest, ChatMessage, StreamOptions
 from tests.adapters.local.conftest import chat, collect_stream, streamed_text, wrap
 
@@ -248,3 +250,26 @@ async def test_hosts_without_avx512_enforce_the_schema_too(make_engine: Callable
     question, schema = SCHEMAS["person"]
     body = await answer(stock, question, temperature=0, response_format=json_format(schema))
     jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+
+
+async def test_the_grammar_vocabulary_is_built_off_the_event_loop_when_first_needed(
+    make_engine: Callable[..., LocalEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain requests never build it (~20 MiB); the first constrained one builds it in a worker thread."""
+    builders: list[threading.Thread] = []
+    build = GrammarCompiler.build_vocabulary
+
+    def recorded(self: GrammarCompiler) -> None:
+        builders.append(threading.current_thread())
+        build(self)
+
+    monkeypatch.setattr(GrammarCompiler, "build_vocabulary", recorded)
+    fresh = make_engine()
+    await answer(fresh, "Say hi.", max_tokens=4)
+    assert builders == []
+    question = 'Reply with {"ok": true} and nothing else.'
+    body = await answer(fresh, question, response_format={"type": "json_object"}, temperature=0)
+    assert isinstance(json.loads(body["choices"][0]["message"]["content"]), dict)
+    assert len(builders) == 1 and builders[0] is not threading.main_thread()
+    await answer(fresh, question, response_format={"type": "json_object"}, temperature=0)
+    assert len(builders) == 1
