@@ -84,7 +84,7 @@ class GrammarCompiler:
 
     @property
     def built(self) -> bool:
-        """Whether the vocabulary has been built (a grammar was compiled)."""
+        """Whether the vocabulary has been built (by `build_vocabulary` or a first grammar)."""
         return self._vocabulary is not None
 
     def compile(self, params: ChatCompletionRequest, tools: ToolPlan | None) -> OutputGrammar | None:
