@@ -261,8 +261,7 @@ class LocalEngine:
         (~0.2 s on the dev hosts), so `_prepare`'s compile on the event loop does not stall others."""
         params = request.params
         grammars = self._require().grammars
-        constrained = isinstance(params, ChatCompletionRequest) and (params.response_format or params.tools)
-        if constrained and not grammars.built:
+        if isinstance(params, ChatCompletionRequest) and not grammars.built and grammars.may_compile(params):
             await asyncio.to_thread(grammars.build_vocabulary)
 
     def _prepare(

@@ -99,6 +99,12 @@ class GrammarCompiler:
             raise InvalidRequest(f"unsupported schema: {matcher.get_error()}", param=param)
         return OutputGrammar(matcher, self.eos_id)
 
+    def may_compile(self, params: ChatCompletionRequest) -> bool:
+        """Whether `compile` may need the vocabulary for this request: an answer format other than
+        text, or tools (checked loosely; `compile` validates)."""
+        kind = (params.response_format or {}).get("type", "text")
+        return kind != "text" or bool(params.tools)
+
     def build_vocabulary(self) -> None:
         """Build the vocabulary now (the engine does it off its event loop before a first grammar)."""
         self._llg_tokenizer()

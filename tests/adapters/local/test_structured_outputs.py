@@ -266,6 +266,7 @@ async def test_the_grammar_vocabulary_is_built_off_the_event_loop_when_first_nee
     monkeypatch.setattr(GrammarCompiler, "build_vocabulary", recorded)
     fresh = make_engine()
     await answer(fresh, "Say hi.", max_tokens=4)
+    await answer(fresh, "Say hi.", max_tokens=4, response_format={"type": "text"})
     assert builders == []
     question = 'Reply with {"ok": true} and nothing else.'
     body = await answer(fresh, question, response_format={"type": "json_object"}, temperature=0)
