@@ -100,7 +100,9 @@ def release_heap() -> None:
     """Return the free pages of every malloc arena to the OS (glibc `malloc_trim`; elsewhere a no-op).
     Called after steps that prefilled, whose activations are the largest the engine allocates. glibc
     shrinks only the main arena's top this way; the engine thread's arena keeps up to
-    `TRIM_THRESHOLD_BYTES` free at its top (~30 MiB measured after 512-token chunks, 2026-12-07)."""
+    `TRIM_THRESHOLD_BYTES` free at its top (21-39 MiB measured after 512-token chunks, 2026-12-07).
+    Trimming that top too (the threshold lowered around one large `free`) did not lower the peak: the
+    next chunk grows the arena back to the same size."""
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)

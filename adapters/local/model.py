@@ -189,7 +189,6 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run one step, write the new tokens' K/V into the pool, return fp32 logits `[rows, vocab]`."""
         spec = self.spec
-        n_q, n_kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         if batch.decode is not None and not batch.prefills:
             return self._decode(batch, batch.decode, pool)
         x = self._embed(batch.token_ids)
@@ -203,37 +202,59 @@ class LlamaModel:
                 for seg in batch.prefills
             ]
         in_kernel = contexts is not None and self._kernels is not None  # RoPE and K/V writes in C
-        cos, sin = (None, None) if in_kernel else self._rotation(batch.positions)
+        rope = None if in_kernel else self._rotation(batch.positions)
         # Rows of long prompts may take int8 activations (`prefill_activations`), decided per sequence.
         int8_rows = merged_spans([(seg.start, seg.start + seg.length) for seg in batch.prefills if seg.int8])
         decode_rows = batch.decode.count if batch.decode is not None else 0  # the step's first rows
         for index, layer in enumerate(self.layers):
-            h = norm(x, layer.attn_norm, spec.rms_norm_eps)
-            qkv = layer.wqkv.mm(h, int8_rows, decode_rows)
-            k_pages, v_pages = pool.k[index], pool.v[index]
-            k: torch.Tensor | None = None
-            v: torch.Tensor | None = None
-            if in_kernel and self._kernels is not None:
-                q = self._kernels.rope_store(
-                    qkv, n_q, batch.positions, self._cos_half, self._sin_half, k_pages, v_pages, batch.slots
-                )
-            else:
-                qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
-                rotated = qk.roll(self._half, dims=-1)
-                assert cos is not None and sin is not None  # built wherever the kernel does not rotate
-                qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
-                q, k = qk[:, :n_q], qk[:, n_q:]
-                v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
-                KVPool.slots(k_pages).index_copy_(1, batch.slots, k.transpose(0, 1).to(k_pages.dtype))
-                KVPool.slots(v_pages).index_copy_(1, batch.slots, v.transpose(0, 1).to(v_pages.dtype))
-            attn = self._attention(batch, q, k, v, k_pages, v_pages, contexts)
+            attn = self._attention_half(batch, x, index, pool, norm, rope, contexts, int8_rows, decode_rows)
             if index == last:
                 # Every row's K/V is in the pool now; only the rows that give logits need the rest.
                 x, attn = x[batch.logit_rows], attn[batch.logit_rows]
                 int8_rows = _logit_spans(int8_rows, batch.logit_rows.tolist())
             layer.wo.addmm_(x, attn, int8_rows, decode_rows)
+            del attn  # before the MLP allocates its intermediate, a chunk's largest temporary
             self._mlp(x, layer, norm, int8_rows, decode_rows)
         return self.lm_head.mm(norm(x, self.norm, spec.rms_norm_eps)).float()
+
+    def _attention_half(
+        self,
+        batch: ForwardBatch,
+        x: torch.Tensor,
+        index: int,
+        pool: KVPool,
+        norm: _Norm,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        contexts: list[torch.Tensor] | None,
+        int8_rows: RowSpans,
+        decode_rows: int,
+    ) -> torch.Tensor:
+        """Layer `index`'s attention for a step with prompt rows: its rows' K/V written into the pool,
+        the output `[rows, heads * head_dim]` returned. `rope`: `_rotation`'s tables, None where the C
+        kernel rotates and writes. A method of its own so that its temporaries (the normed rows,
+        `qkv`, the rotated copy) are freed before the MLP's: at a 512-token chunk the engine's heap
+        then grows 21-28 MiB in a step instead of 31-39 (AMD EPYC Zen 3, 2026-12-07)."""
+        spec = self.spec
+        n_q, n_kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        layer = self.layers[index]
+        qkv = layer.wqkv.mm(norm(x, layer.attn_norm, spec.rms_norm_eps), int8_rows, decode_rows)
+        k_pages, v_pages = pool.k[index], pool.v[index]
+        if rope is None:
+            assert self._kernels is not None  # no rotation tables only where the kernel rotates
+            q = self._kernels.rope_store(
+                qkv, n_q, batch.positions, self._cos_half, self._sin_half, k_pages, v_pages, batch.slots
+            )
+            return self._attention(batch, q, None, None, k_pages, v_pages, contexts)
+        cos, sin = rope
+        qk = qkv[:, : (n_q + n_kv) * hd].view(-1, n_q + n_kv, hd)
+        rotated = qk.roll(self._half, dims=-1)
+        qk.mul_(cos).addcmul_(rotated, sin)  # in place: qkv is a temporary
+        del rotated
+        q, k = qk[:, :n_q], qk[:, n_q:]
+        v = qkv[:, (n_q + n_kv) * hd :].view(-1, n_kv, hd)
+        KVPool.slots(k_pages).index_copy_(1, batch.slots, k.transpose(0, 1).to(k_pages.dtype))
+        KVPool.slots(v_pages).index_copy_(1, batch.slots, v.transpose(0, 1).to(v_pages.dtype))
+        return self._attention(batch, q, k, v, k_pages, v_pages, contexts)
 
     def shift_keys(
         self, pool: KVPool, slots: list[int], shift: int, sources: list[int] | None = None
