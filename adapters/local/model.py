@@ -20,7 +20,7 @@ in the fused layout (wqkv, w_gate_up).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +32,9 @@ from adapters.local.attention import (
     run_windows,
     windowed_attention,
 )
-from adapters.local.attention_plan import DecodePlan, PrefixPlan
+from adapters.local.attention_plan import DecodePlan
 from adapters.local.config import DecodeWeights, PrefillActivations
+from adapters.local.forward_batch import ForwardBatch
 from adapters.local.gguf_convert import ModelSpec
 from adapters.local.kernels import CpuKernels
 from adapters.local.kv_pool import KVPool
@@ -56,38 +57,6 @@ MLP_BLOCK_ROWS = 512
 """Rows per SwiGLU block: big enough for full-speed matmuls, small enough to bound the temporaries
 (6 MB at 512). A default 512-token chunk is one block: MKL runs the MLP's products at 136-150
 GFLOP/s at 512 rows against 126 at 256 (dev box); 16 x 128-token prompts prefilled 4 % faster."""
-
-
-@dataclass(slots=True)
-class PrefillSegment:
-    """One sequence's chunk of prompt tokens inside a packed batch."""
-
-    start: int
-    """First row of the chunk in the packed batch."""
-    length: int
-    """New tokens in this chunk."""
-    prefix: PrefixPlan | None = None
-    """Where the context before the chunk (cached prefix and earlier chunks) lives; None: nowhere,
-    the chunk starts the sequence."""
-    int8: bool = False
-    """The chunk's rows may take int8 activations: its sequence's prompt is longer than
-    `linear.EXACT_PROMPT_TOKENS` (a property of the request, so batching, chunking and a cached
-    prefix never change it)."""
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    """Everything one forward step needs; built by the runner from scheduled sequences."""
-
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    """Flat KV slot (`page * page_size + offset`) each new token's K/V is written to."""
-    logit_rows: torch.Tensor
-    """Rows whose next-token logits are wanted, in the order the sampler reads them."""
-    decode: DecodePlan | None = None
-    """How rows `0..decode.count-1`, one token per decoding sequence, attend."""
-    prefills: list[PrefillSegment] = field(default_factory=list)
 
 
 @dataclass(slots=True)

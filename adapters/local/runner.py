@@ -29,9 +29,10 @@ from adapters.local.attention_plan import (
     run_segments,
     split_run_list,
 )
+from adapters.local.forward_batch import ForwardBatch, PrefillSegment
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import EXACT_PROMPT_TOKENS
-from adapters.local.model import ForwardBatch, LlamaModel, PrefillSegment
+from adapters.local.model import LlamaModel
 from adapters.local.scheduler import ScheduledStep
 from adapters.local.sequence import Sequence
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from adapters.local import LocalEngine, LocalEngineConfig
+from adapters.local.forward_batch import ForwardBatch, PrefillSegment
 from adapters.local.kv_pool import KVPool
 from adapters.local.linear import EXACT_PROMPT_TOKENS
 from adapters.local.loader import LoadedModel, load_model
-from adapters.local.model import ForwardBatch, PrefillSegment
 from adapters.local.sampling import SamplingParams
 from adapters.schema import ChatMessage
 from tests.adapters.local.test_parity import CHAT_PROMPTS, TEXT_PROMPTS

@@ -33,9 +33,9 @@ import torch
 
 from adapters.local.attention_plan import PageRun, PrefixPlan
 from adapters.local.config import LocalEngineConfig
+from adapters.local.forward_batch import ForwardBatch, PrefillSegment
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
-from adapters.local.model import ForwardBatch, PrefillSegment
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner
 from adapters.local.sampling import SamplerState, SamplingParams

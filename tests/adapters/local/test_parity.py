@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from adapters.local import LocalEngine
+from adapters.local.forward_batch import ForwardBatch, PrefillSegment
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel
-from adapters.local.model import ForwardBatch, PrefillSegment
 from adapters.local.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

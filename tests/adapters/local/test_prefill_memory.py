@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from adapters.local.forward_batch import ForwardBatch, PrefillSegment
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel
-from adapters.local.model import ForwardBatch, PrefillSegment
 
 
 def test_the_attention_half_is_freed_before_the_mlp(

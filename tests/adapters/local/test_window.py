@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from adapters.local.config import LocalEngineConfig
+from adapters.local.forward_batch import ForwardBatch
 from adapters.local.kv_pool import KVPool
 from adapters.local.loader import LoadedModel, load_model
-from adapters.local.model import ForwardBatch, LlamaModel
+from adapters.local.model import LlamaModel
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner
 from adapters.local.sampling import SamplerState, SamplingParams
