@@ -26,6 +26,7 @@ from adapters.local.attention_plan import (
     ScatteredPages,
     SharedRun,
     page_runs,
+    pool_rows,
     run_segments,
     split_run_list,
 )
@@ -135,7 +136,10 @@ class ModelRunner:
 
     def _prefix_plan(self, context: list[PageRun]) -> PrefixPlan:
         runs, rest, rest_tokens = split_run_list(context, self.page_size)
-        scattered = ScatteredPages(torch.tensor(rest, dtype=torch.long), rest_tokens) if rest else None
+        scattered = None
+        if rest:
+            pages = torch.tensor(rest, dtype=torch.long)
+            scattered = ScatteredPages(pages, rest_tokens, self._pool_rows(pages))
         return PrefixPlan(runs=runs, scattered=scattered)
 
     def _decode_plan(self, contexts: list[list[PageRun]], sizes: list[int] | None = None) -> DecodePlan:
@@ -202,6 +206,10 @@ class ModelRunner:
         block = self._gather(sorted(blocks, key=lambda b: b[0][0])) if blocks else None
         return DecodePlan(count=len(contexts), runs=runs, gathered=block, merge=max(parts) > 1)
 
+    def _pool_rows(self, pages: torch.Tensor) -> torch.Tensor:
+        """`attention_plan.pool_rows` of `pages` in this runner's pool."""
+        return pool_rows(pages, self.pool.k.shape[1], self.pool.k.shape[2])
+
     def _gathered_seqs(self, own: list[list[PageRun]]) -> set[int]:
         """The sequences whose own context (`own`, by sequence) goes into the padded block: the
         shortest first, while the block's K and V stay within `GATHER_MAX_BYTES`."""
@@ -231,12 +239,13 @@ class ModelRunner:
                 offset += _pages(run, ps) * ps
         queries = max(len(rows) for rows, _, _ in blocks)
         padded = [table + [table[0]] * (widest - len(table)) for table in tables]
+        pages = torch.tensor(padded, dtype=torch.long)
         dtype = self.pool.k.dtype
         if queries == 1:
             mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
             return GatheredRows(
                 rows=torch.tensor([rows[0] for rows, _, _ in blocks]),
-                pages=torch.tensor(padded, dtype=torch.long),
+                pool_rows=self._pool_rows(pages),
                 mask=mask[:, None, None, :],
             )
         seen = torch.tensor([tokens + tokens[:1] * (queries - len(tokens)) for _, _, tokens in blocks])
@@ -248,7 +257,7 @@ class ModelRunner:
         kept = [b * queries + k for b, (rows, _, _) in enumerate(blocks) for k in range(len(rows))]
         return GatheredRows(
             rows=torch.tensor(table),
-            pages=torch.tensor(padded, dtype=torch.long),
+            pool_rows=self._pool_rows(pages),
             mask=mask[:, None],
             kept=torch.tensor(kept),
         )

@@ -16,6 +16,7 @@ from adapters.local.attention_plan import (
     ScatteredPages,
     SharedRun,
     page_runs,
+    pool_rows,
     split_runs,
 )
 
@@ -44,6 +45,12 @@ def dense(
     values = by_token(v_pages)[pages].reshape(-1, KV_HEADS, DIM)[:tokens].transpose(0, 1)[None]
     out = F.scaled_dot_product_attention(q[None, :, None], keys, values, enable_gqa=True)
     return out.reshape(-1)
+
+
+def _scattered(pages: list[int], tokens: int) -> ScatteredPages:
+    """Pages of `pool()`'s layout copied together."""
+    ids = torch.tensor(pages)
+    return ScatteredPages(ids, tokens, pool_rows(ids, KV_HEADS, 32))
 
 
 def test_page_runs_split_at_gaps_and_stop_at_the_context() -> None:
@@ -81,7 +88,10 @@ def test_decode_over_shared_and_own_runs_equals_dense() -> None:
 def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
     k_pages, v_pages = pool()
     # 11 cached tokens: a run of two pages in place, then three tokens on a page copied.
-    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=ScatteredPages(torch.tensor([12]), 3))
+    prefix = PrefixPlan(
+        runs=[PageRun(2, 8)],
+        scattered=_scattered([12], 3),
+    )
     n = 5
     q, k, v = torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
@@ -108,7 +118,10 @@ def test_a_float16_prefix_is_attended_in_bfloat16_where_the_cpu_multiplies_it(
     assert prefix_attention_dtype(torch.bfloat16) == torch.bfloat16
     assert prefix_attention_dtype(torch.float32) == torch.float32
     k_pages, v_pages = (layer.half() for layer in pool())
-    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=ScatteredPages(torch.tensor([12]), 3))
+    prefix = PrefixPlan(
+        runs=[PageRun(2, 8)],
+        scattered=_scattered([12], 3),
+    )
     q, k, v = torch.randn(5, HEADS, DIM), torch.randn(5, KV_HEADS, DIM), torch.randn(5, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
     exact = prefill_attention(q, k, v, k_pages.float(), v_pages.float(), prefix)
@@ -127,8 +140,18 @@ def test_gathered_short_contexts_equal_dense() -> None:
     padded = [p + [p[0]] * (widest - len(p)) for p, _ in tables.values()]
     visible = torch.arange(widest * PAGE)[None, :] < torch.tensor([t for _, t in tables.values()])[:, None]
     mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))[:, None, None, :]
-    gathered = GatheredRows(rows=torch.tensor([0, 1, 2]), pages=torch.tensor(padded), mask=mask)
+    rows = pool_rows(torch.tensor(padded), KV_HEADS, 32)
+    gathered = GatheredRows(rows=torch.tensor([0, 1, 2]), pool_rows=rows, mask=mask)
     q = torch.randn(3, HEADS, DIM)
     out = decode_attention(q, k_pages, v_pages, DecodePlan(count=3, runs=[], gathered=gathered, merge=False))
     for row, (pages, tokens) in tables.items():
         assert torch.allclose(out[row], dense(q[row], k_pages, v_pages, pages, tokens), atol=1e-5)
+
+
+def test_pool_rows_copy_the_pages_of_every_head() -> None:
+    """The copy a gathered block or scattered pages are attended from: the pages in the order given
+    (repeats and all), head by head, as indexing the pool's page dimension would give."""
+    k_pages, _ = pool()
+    pages = torch.tensor([[7, 2, 30], [2, 2, 0]])
+    copied = attention._copy_rows(k_pages, pool_rows(pages, KV_HEADS, k_pages.shape[1]))
+    assert torch.equal(copied.view(KV_HEADS, 6, PAGE, DIM), k_pages[:, pages.view(-1)])

@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 
 from adapters.local import kernels as kernels_module
 from adapters.local.attention import context_slots
-from adapters.local.attention_plan import PageRun, PrefixPlan, ScatteredPages, segments
+from adapters.local.attention_plan import PageRun, PrefixPlan, ScatteredPages, pool_rows, segments
 from adapters.local.gguf_convert import _q4_1_parts, _q8_0_parts
 from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.linear import (
@@ -294,8 +294,10 @@ def test_prefill_attention_matches_sdpa_with_a_causal_chunk(
 
 
 def test_context_slots_list_the_prefix_then_the_chunk() -> None:
+    pages = torch.tensor([9, 2])
     prefix = PrefixPlan(
-        runs=[PageRun(first_page=4, tokens=20)], scattered=ScatteredPages(torch.tensor([9, 2]), 18)
+        runs=[PageRun(first_page=4, tokens=20)],
+        scattered=ScatteredPages(pages, 18, pool_rows(pages, kv_heads=1, pool_pages=16)),
     )
     slots = context_slots(prefix, torch.tensor([50, 51, 7]), page_size=16)
     expected = [*range(64, 84), *range(144, 160), 32, 33, 50, 51, 7]
