@@ -24,8 +24,8 @@ def pool_rows(pages: torch.Tensor, kv_heads: int, pool_pages: int) -> torch.Tens
     pool_pages, page_size * d]` that hold `pages` (page ids, flattened), head by head. `attention`
     copies pages with one `index_select` along these rows, which torch does row by row, instead of
     along the pool's page dimension, its generic path: 12.8 MiB of bfloat16 pages (16 rows of 2,176
-    tokens) 1.7-3.2 ms against 2.8-5.1, and from 64 pages on never slower (AMD EPYC Zen 3, 2 threads,
-    2026-12-07, /tmp microbenchmark, medians of 30-200). Computed once per step, not per layer."""
+    tokens) 1.7-3.2 ms against 2.8-5.1, from 64 pages on no slower, a few us slower below (AMD EPYC
+    Zen 3, 2 threads, 2026-12-07, /tmp microbenchmark, medians of 30-300). Computed once per step."""
     heads = torch.arange(kv_heads, dtype=torch.long)[:, None] * pool_pages
     return (heads + pages.reshape(1, -1).to(torch.long)).view(-1)
 

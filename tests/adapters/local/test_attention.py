@@ -88,10 +88,7 @@ def test_decode_over_shared_and_own_runs_equals_dense() -> None:
 def test_prefill_chunk_over_prefix_runs_equals_masked_dense() -> None:
     k_pages, v_pages = pool()
     # 11 cached tokens: a run of two pages in place, then three tokens on a page copied.
-    prefix = PrefixPlan(
-        runs=[PageRun(2, 8)],
-        scattered=_scattered([12], 3),
-    )
+    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=_scattered([12], 3))
     n = 5
     q, k, v = torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
@@ -118,10 +115,7 @@ def test_a_float16_prefix_is_attended_in_bfloat16_where_the_cpu_multiplies_it(
     assert prefix_attention_dtype(torch.bfloat16) == torch.bfloat16
     assert prefix_attention_dtype(torch.float32) == torch.float32
     k_pages, v_pages = (layer.half() for layer in pool())
-    prefix = PrefixPlan(
-        runs=[PageRun(2, 8)],
-        scattered=_scattered([12], 3),
-    )
+    prefix = PrefixPlan(runs=[PageRun(2, 8)], scattered=_scattered([12], 3))
     q, k, v = torch.randn(5, HEADS, DIM), torch.randn(5, KV_HEADS, DIM), torch.randn(5, KV_HEADS, DIM)
     out = prefill_attention(q, k, v, k_pages, v_pages, prefix)
     exact = prefill_attention(q, k, v, k_pages.float(), v_pages.float(), prefix)
