@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import msgspec
@@ -34,6 +38,8 @@ class SimWorker:
     process: subprocess.Popen[bytes] | None = None
     extra_args: tuple[str, ...] = ()
     """More `sim_engine` flags (`--kv-events-port`, `--offer-tokenizer`, `--capacity-tokens`)."""
+    stderr: IO[bytes] | None = None
+    """The process's stderr, kept so that a worker that fails to start says why."""
 
     @property
     def url(self) -> str:
@@ -54,9 +60,10 @@ class SimWorker:
             "4",
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self._close_stderr()
+        # Open for the process's life (closed by `stop`); a pipe could fill and block the worker.
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -65,7 +72,10 @@ class SimWorker:
             except httpx.HTTPError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sim worker on port {self.port} did not start")
+                self.kill()
+                self.stderr.seek(0)
+                said = self.stderr.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"sim worker on port {self.port} did not start:\n{said}")
             time.sleep(0.05)
 
     def kill(self) -> None:
@@ -82,11 +92,43 @@ class SimWorker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._close_stderr()
+
+    def _close_stderr(self) -> None:
+        if self.stderr is not None:
+            self.stderr.close()
+            self.stderr = None
 
     def requests_served(self) -> float:
         """Requests this engine admitted, from its own `/metrics`."""
         text = httpx.get(self.url + "/metrics", timeout=5).text
         return parse_prometheus(text, ["sglang:num_requests_total"]).get("sglang:num_requests_total", 0.0)
+
+
+def free_ports(singles: int, pairs: int) -> tuple[list[int], list[int]]:
+    """Loopback TCP ports free now and all distinct: `singles` ports, and `pairs` ports p whose p + 1
+    is free too (a KV-event publisher and its replay socket). Each probe stays bound until all are
+    chosen, so no port is handed out twice and no pair's p + 1 is another's port. (Ports from the
+    kernel's ephemeral range come odd, so p + 1 is an even one, the kind outgoing connections take:
+    it must be checked, not assumed.)"""
+    with ExitStack() as held:
+
+        def bind(port: int) -> int:
+            """Bind a probe to `port` (0: any) and keep it; the port bound (raises OSError if taken)."""
+            probe = held.enter_context(socket.socket())
+            probe.bind(("127.0.0.1", port))
+            bound: int = probe.getsockname()[1]
+            return bound
+
+        paired: list[int] = []
+        while len(paired) < pairs:
+            port = bind(0)
+            try:
+                bind(port + 1)
+            except OSError:
+                continue
+            paired.append(port)
+        return [bind(0) for _ in range(singles)], paired
 
 
 def start_workers(count: int, time_scale: float = 0.05) -> list[SimWorker]:

@@ -7,16 +7,25 @@ from __future__ import annotations
 import openai
 
 from proxy.routing.config import KvEventsSpec, WorkerSpec
-from proxy.routing.launch import free_port
-from tests.e2e.routing_support import MODEL, SimWorker, admin_workers, start_gateway, stop_all, wait_for
+from tests.e2e.routing_support import (
+    MODEL,
+    SimWorker,
+    admin_workers,
+    free_ports,
+    start_gateway,
+    stop_all,
+    wait_for,
+)
 
 SYSTEM = "You are the assistant of a very particular shop that sells only blue things. " * 12
 
 
 def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered() -> None:
-    ports = [free_port() for _ in range(2)]
-    # Replay sockets one port up (free_port picks from the ephemeral range: the next one is free).
-    workers = [SimWorker(free_port(), extra_args=("--kv-events-port", str(port))).start() for port in ports]
+    http_ports, ports = free_ports(singles=2, pairs=2)  # each KV-event port's replay socket is one up
+    workers = [
+        SimWorker(http, extra_args=("--kv-events-port", str(port)))
+        for http, port in zip(http_ports, ports, strict=True)
+    ]
     specs = [
         WorkerSpec(
             url=w.url,
@@ -33,6 +42,8 @@ def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered(
     ]
     gateway = None
     try:
+        for worker in workers:
+            worker.start()
         gateway = start_gateway(workers, specs=specs)
         with openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0, timeout=30) as client:
             # ZMQ subscribers join late: ask until an engine's events have reached the gateway.
