@@ -62,21 +62,42 @@ def free_port_is(port: int) -> bool:
 
 
 @dataclass(slots=True)
+class LoopbackPorts:
+    """Free loopback ports for processes about to start, none handed out twice."""
+
+    given: set[int] = field(default_factory=set)
+    """Ports handed out: a port `free_port` returns stays free until its process binds it, so the next
+    call can return it again (two workers on one port: one dies, the other is counted twice)."""
+
+    def port(self) -> int:
+        """A free port not handed out yet."""
+        while (port := free_port()) in self.given:
+            pass
+        self.given.add(port)
+        return port
+
+    def event_port(self) -> int:
+        """A free port whose successor is free too (a KV-event PUB socket and its replay socket).
+        Checked, not assumed: ephemeral binds come odd, so the successor is an even port, the kind
+        outgoing connections take."""
+        while True:
+            port = self.port()
+            if port + 1 not in self.given and free_port_is(port + 1):
+                self.given.add(port + 1)
+                return port
+
+
+@dataclass(slots=True)
 class Cluster:
     """Starts processes, waits for them, and stops every one it started (by pid)."""
 
     logs: Path
     procs: list[Proc] = field(default_factory=list)
-    ports: set[int] = field(default_factory=set)
-    """Ports handed out: a port `free_port` returns stays free until its process binds it, so the next
-    call can return it again (two workers on one port: one dies, the other is counted twice)."""
+    ports: LoopbackPorts = field(default_factory=LoopbackPorts)
 
     def port(self) -> int:
         """A free port no process of this cluster was given yet."""
-        while (port := free_port()) in self.ports:
-            pass
-        self.ports.add(port)
-        return port
+        return self.ports.port()
 
     def start(
         self,
@@ -140,11 +161,7 @@ class Cluster:
 
     def event_ports(self) -> int:
         """A free port whose successor is free too (a KV-event PUB socket and its replay socket)."""
-        while True:
-            port = self.port()
-            if port + 1 not in self.ports and free_port_is(port + 1):
-                self.ports.add(port + 1)
-                return port
+        return self.ports.event_port()
 
     def sglang_router(self, name: str, workers: Sequence[Proc], binary_python: Path, tokenizer: Path) -> Proc:
         port = self.port()

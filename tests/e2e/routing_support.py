@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -103,32 +101,6 @@ class SimWorker:
         """Requests this engine admitted, from its own `/metrics`."""
         text = httpx.get(self.url + "/metrics", timeout=5).text
         return parse_prometheus(text, ["sglang:num_requests_total"]).get("sglang:num_requests_total", 0.0)
-
-
-def free_ports(singles: int, pairs: int) -> tuple[list[int], list[int]]:
-    """Loopback TCP ports free now and all distinct: `singles` ports, and `pairs` ports p whose p + 1
-    is free too (a KV-event publisher and its replay socket). Each probe stays bound until all are
-    chosen, so no port is handed out twice and no pair's p + 1 is another's port. (Ports from the
-    kernel's ephemeral range come odd, so p + 1 is an even one, the kind outgoing connections take:
-    it must be checked, not assumed.)"""
-    with ExitStack() as held:
-
-        def bind(port: int) -> int:
-            """Bind a probe to `port` (0: any) and keep it; the port bound (raises OSError if taken)."""
-            probe = held.enter_context(socket.socket())
-            probe.bind(("127.0.0.1", port))
-            bound: int = probe.getsockname()[1]
-            return bound
-
-        paired: list[int] = []
-        while len(paired) < pairs:
-            port = bind(0)
-            try:
-                bind(port + 1)
-            except OSError:
-                continue
-            paired.append(port)
-        return [bind(0) for _ in range(singles)], paired
 
 
 def start_workers(count: int, time_scale: float = 0.05) -> list[SimWorker]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import openai
 
+from benchmarks.routing.cluster import LoopbackPorts
 from proxy.routing.config import KvEventsSpec, WorkerSpec
 from tests.e2e.routing_support import (
     MODEL,
     SimWorker,
     admin_workers,
-    free_ports,
     start_gateway,
     stop_all,
     wait_for,
@@ -21,11 +21,9 @@ SYSTEM = "You are the assistant of a very particular shop that sells only blue t
 
 
 def test_requests_follow_the_blocks_the_engines_report_configured_or_discovered() -> None:
-    http_ports, ports = free_ports(singles=2, pairs=2)  # each KV-event port's replay socket is one up
-    workers = [
-        SimWorker(http, extra_args=("--kv-events-port", str(port)))
-        for http, port in zip(http_ports, ports, strict=True)
-    ]
+    loopback = LoopbackPorts()
+    ports = [loopback.event_port() for _ in range(2)]  # each KV-event port's replay socket is one up
+    workers = [SimWorker(loopback.port(), extra_args=("--kv-events-port", str(port))) for port in ports]
     specs = [
         WorkerSpec(
             url=w.url,

@@ -6,20 +6,24 @@ import socket
 
 import pytest
 
-from tests.e2e.routing_support import SimWorker, free_ports
+from benchmarks.routing.cluster import LoopbackPorts
+from tests.e2e.routing_support import SimWorker
 
 
-def test_free_ports_are_distinct_and_each_pair_has_its_next_port_free() -> None:
-    singles, pairs = free_ports(singles=3, pairs=4)
+def test_loopback_ports_are_distinct_and_each_event_port_has_its_next_port_free() -> None:
+    loopback = LoopbackPorts()
+    pairs = [loopback.event_port() for _ in range(4)]
+    singles = [loopback.port() for _ in range(3)]
     every = [*singles, *pairs, *(port + 1 for port in pairs)]
-    assert len(singles) == 3 and len(pairs) == 4 and len(set(every)) == len(every)
+    assert len(set(every)) == len(every)
     for port in every:  # free once released
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", port))
 
 
 def test_a_worker_that_cannot_start_says_why_and_is_gone() -> None:
-    (http,), (events,) = free_ports(singles=1, pairs=1)
+    loopback = LoopbackPorts()
+    events, http = loopback.event_port(), loopback.port()
     with socket.socket() as taken:  # its replay socket's port is in use
         taken.bind(("127.0.0.1", events + 1))
         taken.listen()
