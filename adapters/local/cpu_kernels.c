@@ -8,10 +8,18 @@
    interleaved by 16 outputs (see the products' section), which `linear.py` builds from GGUF's.
 
    The kernels use AVX-512F, chosen per function (`target`), so the file builds with any x86-64
-   compiler flags; `cpu_kernels_supported` tells whether this CPU runs them. Threads: OpenMP, linked to
-   the libgomp that torch already loaded, so the kernels share torch's thread pool. */
+   compiler flags; `cpu_kernels_supported` tells whether this CPU runs them. Built with
+   RADIXGATE_PORTABLE, the same code runs on any x86-64 CPU through SIMDe's emulation of those
+   intrinsics (`cpu_kernels_portable.h`: for the tests, slower than torch's path). Threads: OpenMP,
+   linked to the libgomp that torch already loaded, so the kernels share torch's thread pool. */
 
+#ifdef RADIXGATE_PORTABLE
+#include "cpu_kernels_portable.h"
+#else
 #include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <math.h>
@@ -20,12 +28,15 @@
 
 #define BLOCK 32
 
-#define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
 int cpu_kernels_supported(void) {
+#ifdef RADIXGATE_PORTABLE
+    return 1;
+#else
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
+#endif
 }
 
 /* ---- Decode attention: each decode row over its own KV pages ----
@@ -651,12 +662,15 @@ AVX512 int q8_0_matmul(const float *x, int ldx, int M, int K, const int8_t *qi, 
    vpdpbusd multiplies 4 unsigned weight nibbles by 4 signed activations per 32-bit lane, so one
    instruction does 64 multiply-adds where an fp32 FMA does 16. */
 
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define Q8_ROWS 8
 
 int cpu_kernels_vnni(void) {
+#ifdef RADIXGATE_PORTABLE
+    return 1;
+#else
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#endif
 }
 
 /* x quantized, in tiles of Q8_ROWS rows laid out for the product (rows past M are zeros):

@@ -17,6 +17,11 @@ Decisions:
   path of every host without AVX-512, which `c_kernels = false` forces on any host (the tests run
   it). Nothing here is needed for correctness, only for speed; what each kernel still wins over
   torch's is measured in `benchmarks/results/engine_quantized.md`.
+- `portable=True` builds the same source against SIMDe (`simde-py`, a dev dependency), which
+  implements the AVX-512 intrinsics with the host's own instructions (`cpu_kernels_portable.h`), so
+  the kernels' tests run on every x86-64 host, not only where AVX-512 is. On the AMD Zen 3 (AVX2)
+  its decode steps take 1.2-1.9x torch's path's time at one row and 1.3-3.3x at 16, so the engine
+  never loads it; `-march=native` makes it host-specific, so the CPU's flags are in its cache key.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
+PORTABLE_HEADER = SOURCE.with_name("cpu_kernels_portable.h")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-lm")
+# -O2 (after FLAGS' -O3, so it wins): SIMDe's headers compile in 11 s instead of 30, products as fast.
+PORTABLE_FLAGS = ("-O2", "-march=native", "-DRADIXGATE_PORTABLE", "-Wno-psabi")
 BUILD_TIMEOUT_S = 120.0
 KERNEL_DIR = "kernels"
 
@@ -212,8 +220,9 @@ class CpuKernels:
 
 
 @functools.cache
-def load_kernel(cache_dir: Path) -> CpuKernels | None:
-    """The kernel, built into `cache_dir` if needed; None (reason logged) where it cannot run."""
+def load_kernel(cache_dir: Path, *, portable: bool = False) -> CpuKernels | None:
+    """The kernel, built into `cache_dir` if needed; None (reason logged) where it cannot run.
+    `portable`: the build through SIMDe that runs on any x86-64 CPU (for the tests)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         _log_unavailable(f"needs x86-64 Linux, not {platform.system()} {platform.machine()}")
         return None
@@ -221,8 +230,16 @@ def load_kernel(cache_dir: Path) -> CpuKernels | None:
     if compiler is None:
         _log_unavailable("no C compiler (cc or gcc) on PATH")
         return None
+    flags: tuple[str, ...] = FLAGS
+    if portable:
+        try:
+            import simde_py
+        except ImportError:
+            _log_unavailable("the portable build needs SIMDe's headers (pip install simde-py)")
+            return None
+        flags = (*FLAGS, *PORTABLE_FLAGS, f"-I{simde_py.get_include()}")
     try:
-        library = ctypes.CDLL(str(_built(Path(compiler), cache_dir / KERNEL_DIR)))
+        library = ctypes.CDLL(str(_built(Path(compiler), cache_dir / KERNEL_DIR, flags, portable)))
     except (OSError, subprocess.SubprocessError) as exc:
         _log_unavailable(f"build or load failed: {exc}")
         return None
@@ -232,14 +249,18 @@ def load_kernel(cache_dir: Path) -> CpuKernels | None:
     return CpuKernels(library)
 
 
-def _built(compiler: Path, directory: Path) -> Path:
+def _built(compiler: Path, directory: Path, flags: tuple[str, ...], portable: bool) -> Path:
     version = subprocess.run(
         [str(compiler), "--version"], capture_output=True, text=True, check=True, timeout=BUILD_TIMEOUT_S
     ).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode()):
+    parts = [SOURCE.read_bytes(), version.encode(), " ".join(flags).encode()]
+    if portable:
+        parts += [PORTABLE_HEADER.read_bytes(), _cpu_flags().encode()]
+    for part in parts:
         digest.update(part)
-    target = directory / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
+    flavour = "portable-" if portable else ""
+    target = directory / f"cpu_kernels-{flavour}{digest.hexdigest()[:16]}.so"
     if target.is_file():
         return target
     directory.mkdir(parents=True, exist_ok=True)
@@ -248,7 +269,7 @@ def _built(compiler: Path, directory: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=directory) as staging:
         staged = Path(staging) / target.name
         done = subprocess.run(
-            [str(compiler), *FLAGS, "-o", str(staged), str(SOURCE)],
+            [str(compiler), *flags, "-o", str(staged), str(SOURCE)],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
@@ -258,6 +279,15 @@ def _built(compiler: Path, directory: Path) -> Path:
         os.replace(staged, target)
     logger.info("built the CPU kernels in %.1f s", time.monotonic() - started)
     return target
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (`/proc/cpuinfo`), which a `-march=native` build depends on."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        return ""
 
 
 def _attend(

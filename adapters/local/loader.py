@@ -10,7 +10,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,7 +20,7 @@ from adapters.local.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
 from adapters.local.checkpoint import load_checkpoint
 from adapters.local.config import DType, LocalEngineConfig, default_model_path
 from adapters.local.gguf_convert import ModelSpec
-from adapters.local.kernels import load_kernel
+from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.model import LlamaModel
 from adapters.local.tokenizer import TextTokenizer
 
@@ -49,8 +51,12 @@ class LoadedModel:
     sha256: str
 
 
-def load_model(config: LocalEngineConfig) -> LoadedModel:
-    """Read (or convert and cache) `config.model_path` and build the model in `config.dtype`."""
+def load_model(
+    config: LocalEngineConfig, *, kernels: Callable[[Path], CpuKernels | None] = load_kernel
+) -> LoadedModel:
+    """Read (or convert and cache) `config.model_path` and build the model in `config.dtype`.
+    `kernels` gives the C kernels from the cache directory (tests and benchmarks pass their
+    portable build)."""
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     path = config.model_path if config.model_path is not None else default_model_path()
@@ -64,7 +70,7 @@ def load_model(config: LocalEngineConfig) -> LoadedModel:
     dtype = TORCH_DTYPES[config.dtype]
     kernel = None
     if config.c_kernels and dtype == torch.float32:
-        kernel = load_kernel(config.resolved_cache_dir())
+        kernel = kernels(config.resolved_cache_dir())
     model = LlamaModel(
         checkpoint.spec, checkpoint.tensors, dtype, kernel, config.prefill_activations, config.decode_weights
     )

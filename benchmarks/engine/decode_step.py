@@ -4,6 +4,7 @@ so no prefill is needed and a variant of the step can be measured in seconds.
 
     .venv/bin/python -m benchmarks.engine.decode_step --no-c-kernels --rows 1 16 --context 2176 128
     .venv/bin/python -m benchmarks.engine.decode_step --no-c-kernels --rows 1 --profile   # torch.profiler
+    .venv/bin/python -m benchmarks.engine.decode_step --portable-c-kernels   # the tests' SIMDe build
 
 The steps of every (rows, context) take turns round by round (load on a shared box comes and goes);
 medians are printed in ms per step.
@@ -12,12 +13,14 @@ medians are printed in ms per step.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
 import torch
 
 from adapters.local import LocalEngineConfig
+from adapters.local.kernels import load_kernel
 from adapters.local.kv_pool import KV_DTYPES, KVPool, dtype_name, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.runner import ModelRunner
@@ -68,6 +71,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[2176, 128])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-c-kernels", action="store_true")
+    parser.add_argument(
+        "--portable-c-kernels", action="store_true", help="the C kernels' SIMDe build (never served)"
+    )
     parser.add_argument("--decode-weights", choices=("packed", "fp32"), default="packed")
     parser.add_argument("--kv-dtypes", nargs="+", choices=["auto", *sorted(KV_DTYPES)], default=["auto"])
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of the first case")
@@ -76,7 +82,7 @@ def main() -> None:
     config = LocalEngineConfig(
         threads=args.threads, c_kernels=not args.no_c_kernels, decode_weights=args.decode_weights
     )
-    loaded = load_model(config)
+    loaded = load_model(config, kernels=functools.partial(load_kernel, portable=args.portable_c_kernels))
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"CPU capability {capability}, C kernels {loaded.model.attends_in_kernel}")
     model = loaded.model

@@ -6,17 +6,20 @@ a test builds); the `transformers` reference is loaded only by the parity tests 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from adapters.base import EngineRequest
-from adapters.local import LocalEngine, LocalEngineConfig
-from adapters.local.config import default_model_path
+from adapters.local import LocalEngine
+from adapters.local.config import LocalEngineConfig, default_model_path
+from adapters.local.kernels import CpuKernels, load_kernel
 from adapters.local.loader import LoadedModel, load_model
 from adapters.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
 
@@ -38,6 +41,30 @@ TEST_CONFIG = LocalEngineConfig(
 def loaded() -> LoadedModel:
     torch.set_num_threads(TEST_THREADS)
     return load_model(TEST_CONFIG)
+
+
+def c_kernels_anywhere(cache_dir: Path) -> CpuKernels:
+    """The C kernels on any x86-64 host: the native build where this CPU runs it, else the same
+    source through SIMDe (`load_kernel(portable=True)`), so their tests run on every host."""
+    built = load_kernel(cache_dir) or load_kernel(cache_dir, portable=True)
+    if built is None:
+        pytest.skip("the C kernels need a C compiler on x86-64 Linux (and simde-py, a dev dependency)")
+    return built
+
+
+def load_model_on_c_kernels(config: LocalEngineConfig, *, portable: bool = False) -> LoadedModel:
+    """`config`'s model on the C kernels, as `c_kernels_anywhere` gives them (`portable`: that
+    build even where the native one runs, for what this CPU lacks, such as VNNI)."""
+    kernels = functools.partial(load_kernel, portable=True) if portable else c_kernels_anywhere
+    loaded = load_model(config, kernels=kernels)
+    assert loaded.model.attends_in_kernel
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def c_kernel_loaded(loaded: LoadedModel) -> LoadedModel:
+    """The tests' model on the C kernels: `loaded` itself where they are this host's default."""
+    return loaded if loaded.model.attends_in_kernel else load_model_on_c_kernels(TEST_CONFIG)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@ GGUF blocks unpacked to exactly `gguf`'s values; and the fallback where no kerne
 
 from __future__ import annotations
 
+import platform
+import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +34,7 @@ from adapters.local.linear import (
     merged_spans,
 )
 from adapters.local.model import _rms_norm
+from tests.adapters.local.conftest import TEST_CONFIG, c_kernels_anywhere
 
 GGML = gguf.GGMLQuantizationType
 
@@ -40,12 +44,14 @@ def by_token(layer: torch.Tensor) -> torch.Tensor:
     return layer.permute(1, 2, 0, 3)
 
 
+# Where the model loads find them too: the portable build is compiled once (11 s) for the whole suite.
+KERNEL_CACHE = TEST_CONFIG.resolved_cache_dir()
+
+
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
-    built = load_kernel(tmp_path_factory.mktemp("kernels"))
-    if built is None:
-        pytest.skip("the C kernels do not build or run on this machine (the engine falls back to torch)")
-    return built
+def kernels() -> CpuKernels:
+    """The native build where this CPU has AVX-512, else the portable one: every host tests the C."""
+    return c_kernels_anywhere(KERNEL_CACHE)
 
 
 def _gguf_tensor(values: np.ndarray, qtype: GGML) -> SimpleNamespace:
@@ -119,9 +125,12 @@ def test_q4_linear_runs_long_chunks_on_the_dense_copy(kernels: CpuKernels) -> No
 
 @pytest.fixture(scope="module")
 def vnni_kernels(kernels: CpuKernels) -> CpuKernels:
-    if not kernels.vnni:
-        pytest.skip("this CPU lacks AVX-512 VNNI (int8 prefill runs as fp32 there)")
-    return kernels
+    """VNNI's products: native where the CPU has VNNI, else the portable build's emulation."""
+    if kernels.vnni:
+        return kernels
+    portable = load_kernel(KERNEL_CACHE, portable=True)
+    assert portable is not None and portable.vnni
+    return portable
 
 
 def _int8_rows(x: torch.Tensor) -> torch.Tensor:
@@ -360,10 +369,41 @@ def test_no_compiler_means_no_kernel_not_an_error(tmp_path: Path, monkeypatch: p
     assert kernels_module.load_kernel.__wrapped__(tmp_path) is None
 
 
-def test_a_built_kernel_is_reused_from_the_cache(tmp_path: Path, kernels: CpuKernels) -> None:
-    assert kernels_module.load_kernel.__wrapped__(tmp_path) is not None
+def test_a_built_kernel_is_reused_from_the_cache(tmp_path: Path) -> None:
+    """The native build (built, and cached, on any x86-64 host; loaded only where the CPU runs it)."""
+    first = kernels_module.load_kernel.__wrapped__(tmp_path)
     built = list((tmp_path / kernels_module.KERNEL_DIR).glob("cpu_kernels-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    assert kernels_module.load_kernel.__wrapped__(tmp_path) is not None
+    second = kernels_module.load_kernel.__wrapped__(tmp_path)
     assert built[0].stat().st_mtime_ns == stamp
+    assert (first is not None) == (second is not None) == avx512f()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the C kernels are x86-64 code")
+def test_the_native_build_runs_only_on_avx512_cpus_and_the_portable_one_anywhere() -> None:
+    assert (kernels_module.load_kernel.__wrapped__(KERNEL_CACHE) is not None) == avx512f()
+    assert kernels_module.load_kernel.__wrapped__(KERNEL_CACHE, portable=True) is not None
+    assert list((KERNEL_CACHE / kernels_module.KERNEL_DIR).glob("cpu_kernels-portable-*.so"))
+
+
+def test_the_portable_build_is_refused_without_simdes_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "simde_py", None)  # `import simde_py` raises ImportError
+    assert kernels_module.load_kernel.__wrapped__(tmp_path, portable=True) is None
+    assert not (tmp_path / kernels_module.KERNEL_DIR).exists()
+
+
+def test_an_installed_wheel_carries_the_sources_the_kernels_compile() -> None:
+    """Without them in the package data, a non-editable install (the Docker image's) builds no
+    kernel and serves torch's path even on an AVX-512 host."""
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["adapters.local"]
+    assert sorted(shipped) == sorted([kernels_module.SOURCE.name, kernels_module.PORTABLE_HEADER.name])
+
+
+def avx512f() -> bool:
+    """Whether this CPU has AVX-512F, as the kernel's own `__builtin_cpu_supports` answers."""
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+        return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo)
