@@ -256,7 +256,7 @@ def _built(compiler: Path, directory: Path, flags: tuple[str, ...], portable: bo
     digest = hashlib.sha256()
     parts = [SOURCE.read_bytes(), version.encode(), " ".join(flags).encode()]
     if portable:
-        parts += [PORTABLE_HEADER.read_bytes(), _cpu_flags().encode()]
+        parts += [PORTABLE_HEADER.read_bytes(), cpu_flags().encode()]
     for part in parts:
         digest.update(part)
     flavour = "portable-" if portable else ""
@@ -281,8 +281,8 @@ def _built(compiler: Path, directory: Path, flags: tuple[str, ...], portable: bo
     return target
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (`/proc/cpuinfo`), which a `-march=native` build depends on."""
+def cpu_flags() -> str:
+    """The CPU's feature flags line (`/proc/cpuinfo`), which a `-march=native` build depends on."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
             return next((line for line in cpuinfo if line.startswith("flags")), "")

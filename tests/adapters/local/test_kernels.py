@@ -404,6 +404,5 @@ def test_an_installed_wheel_carries_the_sources_the_kernels_compile() -> None:
 
 
 def avx512f() -> bool:
-    """Whether this CPU has AVX-512F, as the kernel's own `__builtin_cpu_supports` answers."""
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-        return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo)
+    """Whether /proc/cpuinfo lists AVX-512F (the native build's own test is `__builtin_cpu_supports`)."""
+    return "avx512f" in kernels_module.cpu_flags().split()
