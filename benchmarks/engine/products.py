@@ -7,7 +7,8 @@ the engine. Candidates: fp32 (MKL), torch's `_weight_int4pack_mm_for_cpu` (group
 and `_weight_int8pack_mm` (per output channel), with bf16 activations (their fp32 paths are
 scalar code on x86: 0.9 s for one row's 120 products here), `torch._int_mm` on int8 rows, torch's
 dynamic int8 linear (`quantized.linear_dynamic`, fbgemm or qnnpack), and the C kernels where they
-build (exact Q4_1/Q8_0, and VNNI int8 activations).
+build (exact Q4_1/Q8_0, and VNNI int8 activations), and onnxruntime's `MatMulNBits` where it is
+installed (`ort_candidate`).
 
     .venv/bin/python -m benchmarks.engine.products --threads 2
     # torch's and MKL's AVX2 code on an AVX-512 host (what a host without AVX-512 runs):
@@ -31,6 +32,7 @@ import torch
 
 from adapters.local.kernels import load_kernel
 from adapters.local.linear import GROUP, interleave_q4_1, interleave_q4_1_vnni, interleave_q8_0
+from benchmarks.engine import ort_candidate
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -130,7 +132,7 @@ def _c_product(
     return product
 
 
-def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
+def candidates(kernels_dir: Path | None, threads: int) -> dict[str, list[Product]]:
     """Name -> one product per layer matrix (LAYERS x SHAPES)."""
     parts = [_q4(n, k, seed) for seed in range(LAYERS) for n, k in SHAPES]
     dense = [_dense(*p) for p in parts]
@@ -152,6 +154,10 @@ def candidates(kernels_dir: Path | None) -> dict[str, list[Product]]:
     out["int8 x int8, torch._int_mm"] = [_int8_dynamic_product(w) for w in dense]
     out[f"int8 dynamic, {torch.backends.quantized.engine}"] = [_fbgemm_product(w) for w in dense]
     out["fp16 weights, fbgemm"] = [_fbgemm_fp16_product(w) for w in dense]
+    if ort_candidate.available():
+        out["onnxruntime MatMulNBits, int8 x"] = [
+            ort_candidate.matmul_nbits(q, scale, threads) for q, scale, _ in parts
+        ]
     kernels = load_kernel(kernels_dir) if kernels_dir is not None else None
     if kernels is not None:
         exact, vnni = [], []
@@ -224,7 +230,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
     with tempfile.TemporaryDirectory() as tmp:
         where = None if args.no_c else Path(tmp)
-        layer_products, head_products = candidates(where), heads(where)
+        layer_products, head_products = candidates(where, args.threads), heads(where)
     if args.only:
         layer_products = {n: p for n, p in layer_products.items() if any(t in n for t in args.only)}
         head_products = {n: p for n, p in head_products.items() if any(t in n for t in args.only)}

@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,11 +48,16 @@ from adapters.local.window import WindowSpec
 PAGE = 16
 WINDOW = WindowSpec(sinks=4, size=1024, overlap=64)
 TRUNCATION = WindowSpec(sinks=0, size=1024, overlap=64)
+RECENT_PLUS_QUERY = WindowSpec(sinks=4, size=1025, overlap=64)
+"""StreamingLLM's own evaluation (`examples/eval_long_ppl.py`): the cache is trimmed to the sinks and
+`recent_size` = 1,024 tokens after each token, and the next is appended, so a token sees 1,024 tokens
+before itself: one more than `WINDOW`, whose 1,024 count the token itself."""
 DECODE_STEPS = 64
 ATTENTION: dict[str, WindowSpec | None] = {
     "dense": None,
     "sinks_4_window_1024": WINDOW,
     "truncation_1024": TRUNCATION,
+    "sinks_4_recent_1024_plus_query": RECENT_PLUS_QUERY,
 }
 """The perplexities: dense attention (the whole text), sinks + window, plain truncation to W."""
 
@@ -186,6 +192,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--no-c-kernels", action="store_true", help="c_kernels = false (torch's path)")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="torch's exact fp32 mode (fp32 weights for every row, a float32 pool): the C kernels' "
+        "figures where they do not build",
+    )
     parser.add_argument("--only", choices=("quality", "speed"), help="one half of the benchmark")
     parser.add_argument(
         "--text", choices=tuple(TEXTS), default="pydantic_readme", help="the perplexity's text"
@@ -200,17 +212,20 @@ def main() -> None:
         "--attention",
         nargs="+",
         choices=tuple(ATTENTION),
-        default=tuple(ATTENTION),
+        default=("dense", "sinks_4_window_1024", "truncation_1024"),
         help="which perplexities (each its own process in parallel, if you like)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = LocalEngineConfig(threads=args.threads, c_kernels=not args.no_c_kernels)
+    if args.exact:
+        config = replace(config, decode_weights="fp32", kv_dtype="float32", prefill_activations="fp32")
     loaded = load_model(config)
     figures: dict[str, object] = {
         "host": platform.processor() or platform.machine(),
         "threads": args.threads,
         "c_kernels": loaded.model.attends_in_kernel,
+        "exact": args.exact or loaded.model.attends_in_kernel,
     }
     if args.only != "speed":
         text = text_tokens(loaded, max(16384, args.ppl_tokens), args.text)
