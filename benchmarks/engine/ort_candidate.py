@@ -11,11 +11,12 @@ product on the rows' group sums.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
 GROUP_SIZE = 32
+Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 def available() -> bool:
@@ -23,7 +24,7 @@ def available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
 
 
-def matmul_nbits(q: torch.Tensor, scale: torch.Tensor, threads: int) -> Any:
+def matmul_nbits(q: torch.Tensor, scale: torch.Tensor, threads: int) -> Product:
     """A product `x @ (scale * (q - 8)).T` for `x` [rows, k] fp32: `q` [n, k] in 0..15, `scale` [n, k/32]."""
     import numpy as np
     import onnxruntime as ort

@@ -59,7 +59,8 @@ ATTENTION: dict[str, WindowSpec | None] = {
     "truncation_1024": TRUNCATION,
     "sinks_4_recent_1024_plus_query": RECENT_PLUS_QUERY,
 }
-"""The perplexities: dense attention (the whole text), sinks + window, plain truncation to W."""
+"""The perplexities: dense attention (the whole text), sinks + window, plain truncation to W, and the
+window as StreamingLLM's evaluation counts it (not run by default)."""
 
 
 class Stream:
