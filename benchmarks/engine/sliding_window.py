@@ -35,7 +35,7 @@ import torch
 from adapters.local.attention_plan import PageRun, PrefixPlan
 from adapters.local.config import LocalEngineConfig
 from adapters.local.forward_batch import ForwardBatch, PrefillSegment
-from adapters.local.kv_pool import KVPool
+from adapters.local.kv_pool import KVPool, kv_dtype
 from adapters.local.loader import LoadedModel, load_model
 from adapters.local.prefix_cache import PrefixCache
 from adapters.local.runner import ModelRunner
@@ -66,8 +66,10 @@ window as StreamingLLM's evaluation counts it (not run by default)."""
 class Stream:
     """One sequence through the engine's scheduler and runner, its next tokens forced."""
 
-    def __init__(self, loaded: LoadedModel, prompt: list[int], window: WindowSpec | None, pages: int) -> None:
-        self.pool = KVPool(loaded.spec, pages, PAGE, loaded.model.dtype)
+    def __init__(
+        self, loaded: LoadedModel, kv: torch.dtype, prompt: list[int], window: WindowSpec | None, pages: int
+    ) -> None:
+        self.pool = KVPool(loaded.spec, pages, PAGE, kv)
         cache = PrefixCache(self.pool, enabled=False, max_cached_tokens=None, policy="lru")
         self.scheduler = Scheduler(
             self.pool, cache, max_running=1, max_prefill_tokens=512, max_idle_prefill_tokens=512
@@ -134,11 +136,13 @@ def document_start(loaded: LoadedModel, name: str) -> list[int]:
     return [bos]
 
 
-def dense_perplexity(loaded: LoadedModel, tokens: list[int], scored_from: int = 1, chunk: int = 512) -> float:
+def dense_perplexity(
+    loaded: LoadedModel, kv: torch.dtype, tokens: list[int], scored_from: int = 1, chunk: int = 512
+) -> float:
     """Dense attention's perplexity of `tokens[scored_from:]`, from prompt chunks that return every
     row's logits: causal attention over the whole text, the same per-token logits as teacher-forced
     decode steps (up to rounding; exact fp32 products, as decode rows have), at a fraction of the time."""
-    pool = KVPool(loaded.spec, -(-len(tokens) // PAGE), PAGE, loaded.model.dtype)
+    pool = KVPool(loaded.spec, -(-len(tokens) // PAGE), PAGE, kv)
     nll = 0.0
     with torch.inference_mode():
         for start in range(0, len(tokens) - 1, chunk):
@@ -159,12 +163,12 @@ def dense_perplexity(loaded: LoadedModel, tokens: list[int], scored_from: int = 
 
 
 def perplexity(
-    loaded: LoadedModel, tokens: list[int], window: WindowSpec | None, scored_from: int = 1
+    loaded: LoadedModel, kv: torch.dtype, tokens: list[int], window: WindowSpec | None, scored_from: int = 1
 ) -> float:
     """Perplexity of `tokens[scored_from:]`, each token a decode step of its own, teacher-forced."""
     if window is None:
-        return dense_perplexity(loaded, tokens, scored_from)
-    stream = Stream(loaded, tokens[:1], window, pages=len(tokens) // PAGE + 2)
+        return dense_perplexity(loaded, kv, tokens, scored_from)
+    stream = Stream(loaded, kv, tokens[:1], window, pages=len(tokens) // PAGE + 2)
     nll = 0.0
     for index, token in enumerate(tokens[1:], 1):
         logits = stream.next_logits().double()
@@ -174,9 +178,11 @@ def perplexity(
     return math.exp(nll / (len(tokens) - scored_from))
 
 
-def decode_ms(loaded: LoadedModel, history: list[int], window: WindowSpec | None) -> tuple[float, int]:
+def decode_ms(
+    loaded: LoadedModel, kv: torch.dtype, history: list[int], window: WindowSpec | None
+) -> tuple[float, int]:
     """Mean ms per decode step after `history` (prefilled), and the peak pages held."""
-    stream = Stream(loaded, history, window, pages=(len(history) + DECODE_STEPS) // PAGE + 4)
+    stream = Stream(loaded, kv, history, window, pages=(len(history) + DECODE_STEPS) // PAGE + 4)
     stream.next_logits()  # the prompt, blockwise
     for _ in range(4):  # warm-up steps
         stream.seq.tokens.append(history[len(stream.seq.tokens) % len(history)])
@@ -222,11 +228,13 @@ def main() -> None:
     if args.exact:
         config = replace(config, decode_weights="fp32", kv_dtype="float32", prefill_activations="fp32")
     loaded = load_model(config)
+    kv = kv_dtype(config.kv_dtype, loaded.model.dtype, loaded.model.serves_packed)  # the engine's pool
     figures: dict[str, object] = {
         "host": platform.processor() or platform.machine(),
         "threads": args.threads,
         "c_kernels": loaded.model.attends_in_kernel,
         "exact": args.exact or loaded.model.attends_in_kernel,
+        "kv_dtype": str(kv).removeprefix("torch."),
     }
     if args.only != "speed":
         text = text_tokens(loaded, max(16384, args.ppl_tokens), args.text)
@@ -234,38 +242,40 @@ def main() -> None:
         figures["document_start"] = args.document_start
         start = document_start(loaded, args.document_start)
         figures["perplexity"] = quality(
-            loaded, start + text[: args.ppl_tokens], args.attention, len(start) + 1
+            loaded, kv, start + text[: args.ppl_tokens], args.attention, len(start) + 1
         )
     if args.only != "quality":
-        figures.update(speed(loaded, text_tokens(loaded, 32768)))
+        figures.update(speed(loaded, kv, text_tokens(loaded, 32768)))
     print(json.dumps(figures, indent=2))
 
 
-def quality(loaded: LoadedModel, ppl: list[int], names: list[str], scored_from: int) -> dict[str, float]:
+def quality(
+    loaded: LoadedModel, kv: torch.dtype, ppl: list[int], names: list[str], scored_from: int
+) -> dict[str, float]:
     """Perplexity on `ppl[scored_from:]` of each of `names` (`ATTENTION`)."""
     quality: dict[str, float] = {"tokens": len(ppl), "scored": len(ppl) - scored_from}
     for name in names:
-        quality[name] = round(perplexity(loaded, ppl, ATTENTION[name], scored_from), 3)
+        quality[name] = round(perplexity(loaded, kv, ppl, ATTENTION[name], scored_from), 3)
         print(f"perplexity {name}: {quality[name]}", file=sys.stderr, flush=True)  # progress
     return quality
 
 
-def speed(loaded: LoadedModel, text: list[int]) -> dict[str, object]:
+def speed(loaded: LoadedModel, kv: torch.dtype, text: list[int]) -> dict[str, object]:
     """Decode ms per token by history, windowed and dense side by side; the window's peak KV."""
     figures: dict[str, object] = {}
     window_ms: dict[str, float] = {}
     dense_ms: dict[str, float] = {}
     peak = 0
     for history in (2048, 4096, 8000, 16384, 32768):
-        ms, pages = decode_ms(loaded, text[:history], WINDOW)
+        ms, pages = decode_ms(loaded, kv, text[:history], WINDOW)
         window_ms[str(history)] = round(ms, 2)
         peak = max(peak, pages)
         if history + DECODE_STEPS + 8 <= loaded.spec.context_length:
-            dense_ms[str(history)] = round(decode_ms(loaded, text[:history], None)[0], 2)
+            dense_ms[str(history)] = round(decode_ms(loaded, kv, text[:history], None)[0], 2)
     figures["decode_ms_per_token"] = {"window": window_ms, "dense": dense_ms}
     figures["window_peak_kv_pages"] = peak
     figures["window_kv_bound_pages"] = WINDOW.max_pages(PAGE)
-    figures["window_peak_kv_bytes"] = peak * KVPool(loaded.spec, 1, PAGE, loaded.model.dtype).page_nbytes
+    figures["window_peak_kv_bytes"] = peak * KVPool(loaded.spec, 1, PAGE, kv).page_nbytes
     return figures
 
 
